@@ -1,0 +1,271 @@
+//! What happens to one message at the head of its lane: the duplicate check, attempts with
+//! in-lane retry, and dead-lettering. Later messages of the key wait behind this future;
+//! other keys never do.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::FutureExt;
+use tokio::time::Instant;
+use tracing::{field, Instrument};
+
+use super::stats::ShardStats;
+use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
+use crate::handler::{Delivery, ErrorClass, Handler, HandlerError};
+use crate::idempotency::IdempotencyStore;
+use crate::message::Message;
+use crate::metrics::LaneMetrics;
+use crate::retry::{Backoff, OnExhausted, RetryPolicy};
+use crate::trace_context::TraceContext;
+
+/// Everything a lane needs, shared by all lanes of an engine.
+pub(crate) struct LaneContext {
+    pub handler: Arc<dyn Handler>,
+    pub retry: RetryPolicy,
+    pub dead_letter_backoff: Backoff,
+    pub sink: Arc<dyn DeadLetterSink>,
+    pub idempotency: Option<Arc<dyn IdempotencyStore>>,
+    pub group: String,
+    pub metrics: LaneMetrics,
+}
+
+/// How a message finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Handled,
+    Duplicate,
+    DeadLettered,
+}
+
+/// A failed attempt, classified for the retry decision.
+struct Failure {
+    class: &'static str,
+    text: String,
+    retryable: bool,
+    cause: DeadLetterCause,
+    retry_after: Option<Duration>,
+}
+
+impl From<HandlerError> for Failure {
+    fn from(e: HandlerError) -> Self {
+        let (class, retryable, cause) = match e.class() {
+            ErrorClass::Transient => ("transient", true, DeadLetterCause::RetriesExhausted),
+            ErrorClass::Terminal => ("terminal", false, DeadLetterCause::Terminal),
+            ErrorClass::Malformed => ("malformed", false, DeadLetterCause::Malformed),
+        };
+        Failure {
+            class,
+            text: e.message().to_owned(),
+            retryable,
+            cause,
+            retry_after: e.retry_after_hint(),
+        }
+    }
+}
+
+fn panic_text(payload: &(dyn Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "handler panicked".to_owned());
+    format!("handler panicked: {text}")
+}
+
+/// Handles one message to its end: handled, skipped as a duplicate, or dead-lettered
+/// (confirmed by the sink). Never returns before one of those is true.
+pub(crate) async fn process(
+    ctx: Arc<LaneContext>,
+    stats: Arc<ShardStats>,
+    message: Arc<Message>,
+    received: Instant,
+) -> Outcome {
+    let span = tracing::info_span!(
+        "convoy.message",
+        key = %message.key_display(),
+        source = %message.source,
+        offset = message.offset,
+        trace_id = field::Empty,
+        parent_span_id = field::Empty,
+    );
+    if !span.is_disabled() {
+        if let Some(parent) = TraceContext::extract(&message.headers) {
+            span.record("trace_id", parent.trace_id_hex());
+            span.record("parent_span_id", parent.span_id_hex());
+        }
+    }
+    handle_to_the_end(&ctx, &stats, message, received)
+        .instrument(span)
+        .await
+}
+
+async fn handle_to_the_end(
+    ctx: &LaneContext,
+    stats: &ShardStats,
+    message: Arc<Message>,
+    received: Instant,
+) -> Outcome {
+    ctx.metrics.queue_time.record(received.elapsed().as_secs_f64());
+    let event_id = ctx.idempotency.as_ref().map(|_| message.event_id());
+    if let (Some(store), Some(id)) = (&ctx.idempotency, &event_id) {
+        if store.contains(id).await {
+            tracing::debug!(event_id = %id, "skipping duplicate");
+            stats.duplicates.fetch_add(1, Relaxed);
+            ctx.metrics.duplicates.increment(1);
+            return Outcome::Duplicate;
+        }
+    }
+
+    let mut attempt = 1u32;
+    let mut first_failure: Option<(Instant, SystemTime)> = None;
+    let mut rng: Option<fastrand::Rng> = None;
+    let mut reported_exhausted = false;
+    let outcome = loop {
+        let started = Instant::now();
+        let result = attempt_once(ctx, Delivery::new(message.clone(), attempt))
+            .instrument(tracing::debug_span!("convoy.attempt", attempt))
+            .await;
+        ctx.metrics
+            .handler_duration
+            .record(started.elapsed().as_secs_f64());
+        let failure = match result {
+            Ok(()) => {
+                stats.handled.fetch_add(1, Relaxed);
+                ctx.metrics.handled.increment(1);
+                break Outcome::Handled;
+            }
+            Err(failure) => failure,
+        };
+        let now = (Instant::now(), SystemTime::now());
+        let first = *first_failure.get_or_insert(now);
+        if !failure.retryable {
+            tracing::warn!(error = %failure.text, class = failure.class, attempt, "dead-lettering");
+            let reason = reason(ctx, &failure, attempt, first.1, now.1);
+            break dead_letter(ctx, stats, &message, reason, rng.get_or_insert_with(fastrand::Rng::new)).await;
+        }
+        let rng = rng.get_or_insert_with(fastrand::Rng::new);
+        let delay = failure
+            .retry_after
+            .unwrap_or_else(|| ctx.retry.backoff.delay(attempt, rng));
+        if ctx.retry.exhausted(attempt, now.0 - first.0, delay) {
+            match ctx.retry.on_exhausted {
+                OnExhausted::DeadLetter => {
+                    tracing::warn!(error = %failure.text, attempt, "retries exhausted, dead-lettering");
+                    let reason = reason(ctx, &failure, attempt, first.1, now.1);
+                    break dead_letter(ctx, stats, &message, reason, rng).await;
+                }
+                OnExhausted::BlockLane if !reported_exhausted => {
+                    reported_exhausted = true;
+                    tracing::error!(error = %failure.text, attempt, "retries exhausted; the lane stays blocked and keeps retrying");
+                }
+                OnExhausted::BlockLane => {}
+            }
+        } else {
+            tracing::debug!(error = %failure.text, attempt, ?delay, "transient failure, retrying in the lane");
+        }
+        stats.retries.fetch_add(1, Relaxed);
+        ctx.metrics.retries.increment(1);
+        tokio::time::sleep(delay).await;
+        attempt = attempt.saturating_add(1);
+    };
+    if let (Some(store), Some(id)) = (&ctx.idempotency, event_id) {
+        store.insert(id).await;
+    }
+    outcome
+}
+
+/// One attempt: panics and timeouts become failures like any other.
+async fn attempt_once(ctx: &LaneContext, delivery: Delivery) -> Result<(), Failure> {
+    let call = std::panic::catch_unwind(AssertUnwindSafe(|| ctx.handler.handle(delivery)));
+    let future = match call {
+        Ok(future) => AssertUnwindSafe(future).catch_unwind(),
+        Err(panic) => return Err(panicked(panic)),
+    };
+    let result = match ctx.retry.attempt_timeout {
+        None => future.await,
+        Some(limit) => match tokio::time::timeout(limit, future).await {
+            Ok(result) => result,
+            Err(_) => {
+                return Err(Failure {
+                    class: "transient",
+                    text: format!("attempt timed out after {limit:?}"),
+                    retryable: true,
+                    cause: DeadLetterCause::RetriesExhausted,
+                    retry_after: None,
+                })
+            }
+        },
+    };
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(panic) => Err(panicked(panic)),
+    }
+}
+
+fn panicked(panic: Box<dyn Any + Send>) -> Failure {
+    Failure {
+        class: "panic",
+        text: panic_text(panic.as_ref()),
+        retryable: false,
+        cause: DeadLetterCause::Panic,
+        retry_after: None,
+    }
+}
+
+fn reason(ctx: &LaneContext, f: &Failure, attempts: u32, first: SystemTime, last: SystemTime) -> DeadLetterReason {
+    DeadLetterReason {
+        cause: f.cause,
+        error_class: f.class.to_owned(),
+        error: f.text.clone(),
+        attempts,
+        first_failure: first,
+        last_failure: last,
+        group: ctx.group.clone(),
+    }
+}
+
+/// The reason for a message dead-lettered because it held the watermark back too long.
+pub(crate) fn stuck_reason(ctx: &LaneContext, waited: Duration) -> DeadLetterReason {
+    let now = SystemTime::now();
+    DeadLetterReason {
+        cause: DeadLetterCause::Stuck,
+        error_class: "stuck".to_owned(),
+        error: format!("unfinished for {waited:?}, over the stuck timeout; processing was cancelled"),
+        attempts: 0,
+        first_failure: now,
+        last_failure: now,
+        group: ctx.group.clone(),
+    }
+}
+
+/// Publishes a dead letter, retrying the sink until it confirms: the message is never
+/// dropped, and its lane stays blocked meanwhile.
+pub(crate) async fn dead_letter(
+    ctx: &LaneContext,
+    stats: &ShardStats,
+    message: &Message,
+    reason: DeadLetterReason,
+    rng: &mut fastrand::Rng,
+) -> Outcome {
+    let cause = reason.cause;
+    let dead_letter = DeadLetter {
+        message: message.clone(),
+        reason,
+    };
+    let mut failures = 0u32;
+    while let Err(e) = ctx.sink.publish(&dead_letter).await {
+        failures = failures.saturating_add(1);
+        ctx.metrics.sink_failures.increment(1);
+        let delay = ctx.dead_letter_backoff.delay(failures, rng);
+        tracing::error!(error = %e, failures, ?delay, "dead-letter sink failed; the lane waits and retries (the message is kept)");
+        tokio::time::sleep(delay).await;
+    }
+    stats.dead_lettered.fetch_add(1, Relaxed);
+    ctx.metrics.dead_lettered.increment(1);
+    ctx.metrics.dead_letter_cause(&ctx.group, cause.as_str());
+    Outcome::DeadLettered
+}

@@ -1,0 +1,209 @@
+//! The engine: wires a handler, a dead-letter sink and a configuration to a transport's
+//! subscription, and runs the data path
+//!
+//! ```text
+//! transport ─events─▶ intake (watermarks, back-pressure) ─key→shard─▶ shards ─▶ lanes ─▶ handler
+//!                       ▲                                                  │
+//!                       └──────────── completions (source, offset) ────────┘
+//! ```
+
+mod intake;
+mod lane;
+mod shard;
+mod stats;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+
+pub use stats::StatsSnapshot;
+
+use self::intake::{Intake, IntakeParts};
+use self::lane::LaneContext;
+use self::shard::Shard;
+use self::stats::EngineStats;
+use crate::config::{ConfigError, EngineConfig};
+use crate::dead_letter::DeadLetterSink;
+use crate::handler::Handler;
+use crate::idempotency::{IdempotencyStore, MemoryIdempotencyStore};
+use crate::message::{Offset, SourceId};
+use crate::metrics::LaneMetrics;
+use crate::transport::Subscription;
+
+/// What an engine did, returned when it stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineReport {
+    /// Final counters.
+    pub stats: StatsSnapshot,
+    /// The last watermark committed per source still assigned at shutdown.
+    pub committed: BTreeMap<SourceId, Offset>,
+}
+
+/// The engine stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The engine task panicked or was aborted (a crash: nothing was committed after it).
+    #[error("engine task ended abnormally: {0}")]
+    Crashed(String),
+}
+
+/// Builds an [`Engine`].
+pub struct EngineBuilder {
+    handler: Arc<dyn Handler>,
+    config: EngineConfig,
+    sink: Option<Arc<dyn DeadLetterSink>>,
+    idempotency: Option<Arc<dyn IdempotencyStore>>,
+}
+
+impl EngineBuilder {
+    /// Sets the configuration (validated by `build`).
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sets where dead letters go (required; transports provide native sinks).
+    pub fn dead_letter_sink(mut self, sink: impl DeadLetterSink) -> Self {
+        self.sink = Some(Arc::new(sink));
+        self
+    }
+
+    /// Replaces the default in-memory idempotency store (100,000 ids).
+    pub fn idempotency_store(mut self, store: impl IdempotencyStore) -> Self {
+        self.idempotency = Some(Arc::new(store));
+        self
+    }
+
+    /// Turns duplicate detection off (every delivery is handled).
+    pub fn without_idempotency(mut self) -> Self {
+        self.idempotency = None;
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<Engine, ConfigError> {
+        self.config.validate()?;
+        let sink = self.sink.ok_or_else(|| {
+            ConfigError::invalid(
+                "dead_letter_sink",
+                "required: give the engine a sink (e.g. the transport's dead-letter sink) so failed messages are kept, never dropped",
+            )
+        })?;
+        Ok(Engine {
+            context: Arc::new(LaneContext {
+                handler: self.handler,
+                retry: self.config.retry,
+                dead_letter_backoff: self.config.dead_letter_backoff,
+                sink,
+                idempotency: self.idempotency,
+                metrics: LaneMetrics::new(&self.config.group),
+                group: self.config.group.clone(),
+            }),
+            config: self.config,
+        })
+    }
+}
+
+/// A configured sequential-convoy consumer, ready to run on a subscription.
+pub struct Engine {
+    config: EngineConfig,
+    context: Arc<LaneContext>,
+}
+
+impl Engine {
+    /// Starts building an engine around `handler`.
+    pub fn builder(handler: impl Handler) -> EngineBuilder {
+        EngineBuilder {
+            handler: Arc::new(handler),
+            config: EngineConfig::default(),
+            sink: None,
+            idempotency: Some(Arc::new(MemoryIdempotencyStore::default())),
+        }
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Runs on `subscription` in a task of its own; the handle stops, aborts or awaits it.
+    /// Must be called within a Tokio runtime.
+    pub fn spawn(&self, subscription: Subscription) -> EngineHandle {
+        let (signals, signals_rx) = watch::channel(0u8);
+        let shard_count = self.config.effective_shards();
+        let stats = Arc::new(EngineStats::new(shard_count));
+        let (completions_tx, completions) = mpsc::unbounded_channel();
+        let mut shard_tasks = JoinSet::new();
+        let mut shards = Vec::with_capacity(shard_count);
+        for shard_stats in &stats.shards {
+            let (tx, rx) = mpsc::unbounded_channel();
+            shards.push(tx);
+            let shard = Shard::new(rx, completions_tx.clone(), self.context.clone(), shard_stats.clone());
+            shard_tasks.spawn(shard.run());
+        }
+        let intake = Intake::new(IntakeParts {
+            config: self.config.clone(),
+            subscription,
+            completions,
+            shards,
+            shard_tasks,
+            stats: stats.clone(),
+            signals: signals_rx,
+        });
+        EngineHandle {
+            signals,
+            task: tokio::spawn(intake.run()),
+            stats,
+        }
+    }
+
+    /// Runs on `subscription` until the transport closes it, then drains and commits.
+    pub async fn run(&self, subscription: Subscription) -> Result<EngineReport, EngineError> {
+        self.spawn(subscription).join().await
+    }
+}
+
+/// Controls a running engine.
+pub struct EngineHandle {
+    signals: watch::Sender<u8>,
+    task: JoinHandle<EngineReport>,
+    stats: Arc<EngineStats>,
+}
+
+impl EngineHandle {
+    /// Asks for a graceful shutdown: stop fetching, let lanes finish (up to the drain
+    /// timeout), commit, close. A second call aborts the drain (then commits what finished).
+    pub fn shutdown(&self) {
+        self.signals.send_modify(|n| *n = n.saturating_add(1));
+    }
+
+    /// Waits for the engine to stop.
+    pub async fn join(self) -> Result<EngineReport, EngineError> {
+        self.task.await.map_err(|e| EngineError::Crashed(e.to_string()))
+    }
+
+    /// Shuts down gracefully and waits.
+    pub async fn stop(self) -> Result<EngineReport, EngineError> {
+        self.shutdown();
+        self.join().await
+    }
+
+    /// Kills the engine at once, as a crash would: no drain, no commit, the subscription is
+    /// dropped without closing. Its sources go back to the broker at their committed watermarks.
+    pub async fn abort(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// True once the engine task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}

@@ -1,0 +1,113 @@
+//! Duplicate detection by stable event id.
+//!
+//! Delivery is at least once. The engine asks the store before handling a message and records
+//! its id once it is finished (handled or dead-lettered), so a redelivered or re-published
+//! event is skipped. The in-memory store forgets the oldest ids past its capacity and does not
+//! survive a restart; external side effects still need idempotent downstream services.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use crate::message::EventId;
+
+/// Remembers which events were finished.
+#[async_trait]
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// True when `id` was finished before.
+    async fn contains(&self, id: &EventId) -> bool;
+    /// Records `id` as finished.
+    async fn insert(&self, id: EventId);
+}
+
+/// A bounded in-memory store: the newest `capacity` ids, split over independently locked
+/// stripes so parallel shards rarely contend.
+pub struct MemoryIdempotencyStore {
+    stripes: Box<[Mutex<Stripe>]>,
+    hasher: foldhash::fast::FixedState,
+}
+
+#[derive(Default)]
+struct Stripe {
+    ids: HashSet<EventId, foldhash::fast::RandomState>,
+    order: VecDeque<EventId>,
+    capacity: usize,
+}
+
+const STRIPES: usize = 16;
+
+impl MemoryIdempotencyStore {
+    /// A store remembering about `capacity` ids (at least one per stripe).
+    pub fn new(capacity: usize) -> Self {
+        let per_stripe = capacity.div_ceil(STRIPES).max(1);
+        MemoryIdempotencyStore {
+            stripes: (0..STRIPES)
+                .map(|_| {
+                    Mutex::new(Stripe {
+                        capacity: per_stripe,
+                        ..Stripe::default()
+                    })
+                })
+                .collect(),
+            hasher: foldhash::fast::FixedState::with_seed(0x1de),
+        }
+    }
+
+    fn stripe(&self, id: &EventId) -> std::sync::MutexGuard<'_, Stripe> {
+        use std::hash::BuildHasher;
+        let i = (self.hasher.hash_one(id) as usize) % self.stripes.len();
+        // A poisoned stripe only means another thread panicked mid-insert; the set is still usable.
+        self.stripes[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Default for MemoryIdempotencyStore {
+    fn default() -> Self {
+        MemoryIdempotencyStore::new(100_000)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for MemoryIdempotencyStore {
+    async fn contains(&self, id: &EventId) -> bool {
+        self.stripe(id).ids.contains(id)
+    }
+
+    async fn insert(&self, id: EventId) {
+        let mut s = self.stripe(&id);
+        if s.ids.insert(id.clone()) {
+            s.order.push_back(id);
+            if s.order.len() > s.capacity {
+                if let Some(old) = s.order.pop_front() {
+                    s.ids.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::message::SourceId;
+
+    #[tokio::test]
+    async fn remembers_and_forgets_the_oldest_past_capacity() {
+        let store = MemoryIdempotencyStore::new(STRIPES * 2);
+        let a = EventId::Header(Bytes::from_static(b"a"));
+        assert!(!store.contains(&a).await);
+        store.insert(a.clone()).await;
+        store.insert(a.clone()).await;
+        assert!(store.contains(&a).await);
+        for i in 0..10_000 {
+            store.insert(EventId::Position(SourceId::new("s"), i)).await;
+        }
+        assert!(!store.contains(&a).await, "bounded: the oldest id was evicted");
+        assert!(store.contains(&EventId::Position(SourceId::new("s"), 9_999)).await);
+        let held: usize = store.stripes.iter().map(|s| s.lock().unwrap().ids.len()).sum();
+        assert!(held <= STRIPES * 2);
+    }
+}

@@ -1,0 +1,48 @@
+//! # convoy-core
+//!
+//! The engine of **convoy**, the sequential convoy pattern in Rust: messages that share a key
+//! are handled strictly in order, messages of different keys in parallel, and commits never
+//! pass an unfinished message. No broker code lives here; adapters implement [`transport`].
+//!
+//! The data path, by module:
+//! - [`message`]: keys, payloads, headers, sources, offsets, event ids;
+//! - [`transport`]: the contract adapters implement (subscription events, pause/resume,
+//!   commit, publisher);
+//! - [`engine`]: intake → shards → lanes → handler, with completions feeding the watermark;
+//! - [`handler`] and [`typed`]: the handler contract and the serde-decoding layer;
+//! - [`retry`]: backoff, jitter and limits for in-lane retry;
+//! - [`dead_letter`]: sinks and the reason headers;
+//! - [`watermark`]: the contiguous watermark per source;
+//! - [`backpressure`]: the high/low water gate;
+//! - [`idempotency`]: duplicate detection by event id;
+//! - [`trace_context`]: W3C `traceparent` across the broker;
+//! - [`metrics`]: metric names;
+//! - [`config`]: engine configuration and its validation.
+
+pub mod backpressure;
+pub mod config;
+pub mod dead_letter;
+pub mod engine;
+pub mod handler;
+pub mod idempotency;
+pub mod message;
+pub mod metrics;
+pub mod retry;
+pub mod trace_context;
+pub mod transport;
+pub mod typed;
+pub mod watermark;
+
+pub use config::{BackPressure, ConfigError, EngineConfig, KeylessPolicy};
+pub use dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
+pub use engine::{Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, StatsSnapshot};
+pub use handler::{handler_fn, Delivery, ErrorClass, Handler, HandlerError};
+pub use idempotency::{IdempotencyStore, MemoryIdempotencyStore};
+pub use message::{EventId, Headers, Message, Offset, OutgoingMessage, SourceId, EVENT_ID_HEADER};
+pub use retry::{Backoff, Jitter, OnExhausted, RetryPolicy};
+pub use trace_context::TraceContext;
+pub use transport::{
+    Assignment, Commit, Publisher, Receipt, RevokeAck, SourceControl, SourceEvent, Subscription, Transport,
+    TransportError,
+};
+pub use typed::{typed, Codec, Json};

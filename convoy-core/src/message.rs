@@ -1,0 +1,221 @@
+//! The message model every transport translates into: a keyed payload with headers,
+//! positioned at an offset in a source.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// A message's position in its source: a Kafka offset, an AMQP delivery tag, a JetStream
+/// stream sequence. Offsets grow within one ownership of a source but need not be consecutive.
+pub type Offset = u64;
+
+/// Header carrying a stable event id; when absent the id is derived from source and offset.
+pub const EVENT_ID_HEADER: &str = "convoy-event-id";
+
+/// The unit a broker orders and acknowledges by position (a topic-partition, a queue on
+/// one channel, a partition consumer). Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceId(Arc<str>);
+
+impl SourceId {
+    /// A source id from its transport-specific name, e.g. `orders/3`.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        SourceId(name.into())
+    }
+
+    /// The name as given by the transport.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SourceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for SourceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SourceId({})", self.0)
+    }
+}
+
+/// Ordered message headers; names may repeat, `get` returns the last value of a name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Headers(Vec<(String, Bytes)>);
+
+impl Headers {
+    /// Empty headers (no allocation).
+    pub const fn new() -> Self {
+        Headers(Vec::new())
+    }
+
+    /// The last value of `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&Bytes> {
+        self.0.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// The last value of `name` as UTF-8 text, if present and valid.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// Sets `name` to `value`, replacing every earlier value of that name.
+    pub fn insert(&mut self, name: impl Into<String>, value: impl Into<Bytes>) {
+        let name = name.into();
+        self.0.retain(|(n, _)| *n != name);
+        self.0.push((name, value.into()));
+    }
+
+    /// Appends a value without removing earlier ones.
+    pub fn append(&mut self, name: impl Into<String>, value: impl Into<Bytes>) {
+        self.0.push((name.into(), value.into()));
+    }
+
+    /// Iterates over `(name, value)` pairs in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Bytes)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
+    /// Number of header entries.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are no headers.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<N: Into<String>, V: Into<Bytes>> FromIterator<(N, V)> for Headers {
+    fn from_iter<I: IntoIterator<Item = (N, V)>>(iter: I) -> Self {
+        Headers(iter.into_iter().map(|(n, v)| (n.into(), v.into())).collect())
+    }
+}
+
+/// A message received from a source.
+#[derive(Clone, Debug)]
+pub struct Message {
+    /// The correlation key; `None` for keyless messages.
+    pub key: Option<Bytes>,
+    /// The payload, untouched.
+    pub payload: Bytes,
+    /// Headers as the producer sent them.
+    pub headers: Headers,
+    /// The source the message came from.
+    pub source: SourceId,
+    /// Its position in the source.
+    pub offset: Offset,
+}
+
+impl Message {
+    /// The stable event id: the `convoy-event-id` header if present, else source and offset.
+    pub fn event_id(&self) -> EventId {
+        match self.headers.get(EVENT_ID_HEADER) {
+            Some(id) => EventId::Header(id.clone()),
+            None => EventId::Position(self.source.clone(), self.offset),
+        }
+    }
+
+    /// The key as lossy UTF-8, for logs and spans.
+    pub fn key_display(&self) -> std::borrow::Cow<'_, str> {
+        match &self.key {
+            Some(k) => String::from_utf8_lossy(k),
+            None => std::borrow::Cow::Borrowed("<none>"),
+        }
+    }
+}
+
+/// A message's stable identity used for duplicate detection.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum EventId {
+    /// Given by the producer in the `convoy-event-id` header (survives re-publishing).
+    Header(Bytes),
+    /// Derived from where the message was read (stable across redelivery from one source).
+    Position(SourceId, Offset),
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EventId::Header(id) => f.write_str(&String::from_utf8_lossy(id)),
+            EventId::Position(source, offset) => write!(f, "{source}@{offset}"),
+        }
+    }
+}
+
+/// A message to publish: key, payload and headers. The transport picks the source from the key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutgoingMessage {
+    /// The correlation key; all messages of one key land in one source.
+    pub key: Option<Bytes>,
+    /// The payload.
+    pub payload: Bytes,
+    /// Headers to send.
+    pub headers: Headers,
+}
+
+impl OutgoingMessage {
+    /// A keyed message.
+    pub fn new(key: impl Into<Bytes>, payload: impl Into<Bytes>) -> Self {
+        OutgoingMessage {
+            key: Some(key.into()),
+            payload: payload.into(),
+            headers: Headers::new(),
+        }
+    }
+
+    /// A keyless message.
+    pub fn keyless(payload: impl Into<Bytes>) -> Self {
+        OutgoingMessage {
+            key: None,
+            payload: payload.into(),
+            headers: Headers::new(),
+        }
+    }
+
+    /// Adds a header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+
+    /// Sets the stable event id used for duplicate detection.
+    pub fn event_id(self, id: impl Into<Bytes>) -> Self {
+        self.header(EVENT_ID_HEADER, id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_id_prefers_header_over_position() {
+        let mut m = Message {
+            key: Some(Bytes::from_static(b"k")),
+            payload: Bytes::new(),
+            headers: Headers::new(),
+            source: SourceId::new("t/0"),
+            offset: 7,
+        };
+        assert_eq!(m.event_id(), EventId::Position(SourceId::new("t/0"), 7));
+        assert_eq!(m.event_id().to_string(), "t/0@7");
+        m.headers.insert(EVENT_ID_HEADER, "evt-1");
+        assert_eq!(m.event_id(), EventId::Header(Bytes::from_static(b"evt-1")));
+    }
+
+    #[test]
+    fn headers_insert_replaces_and_append_keeps() {
+        let mut h = Headers::new();
+        h.append("a", "1");
+        h.append("a", "2");
+        assert_eq!(h.get_str("a"), Some("2"));
+        h.insert("a", "3");
+        assert_eq!(h.len(), 1);
+        assert_eq!(h.get_str("a"), Some("3"));
+    }
+}

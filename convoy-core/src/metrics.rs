@@ -1,0 +1,98 @@
+//! Metric names and pre-registered handles, through the `metrics` facade.
+//!
+//! Handles are registered once per engine (not per message) so the per-message cost is a
+//! call on a handle; with no recorder installed it is a no-op.
+
+use metrics::{Counter, Gauge, Histogram};
+
+/// Messages received from the transport.
+pub const CONSUMED: &str = "convoy_consumed_total";
+/// Messages finished, labelled `outcome` = `handled` | `dead_lettered` | `duplicate`.
+pub const HANDLED: &str = "convoy_handled_total";
+/// Transient failures that were retried.
+pub const RETRIES: &str = "convoy_retries_total";
+/// Messages dead-lettered, labelled `cause`.
+pub const DEAD_LETTERED: &str = "convoy_dead_lettered_total";
+/// Failed attempts to publish a dead letter (each one retried).
+pub const DEAD_LETTER_SINK_FAILURES: &str = "convoy_dead_letter_sink_failures_total";
+/// Handler duration per attempt, seconds.
+pub const HANDLER_DURATION: &str = "convoy_handler_duration_seconds";
+/// Time from receipt to the first attempt, seconds (waiting behind the key's earlier messages).
+pub const QUEUE_TIME: &str = "convoy_queue_time_seconds";
+/// Lanes (active keys) alive now.
+pub const ACTIVE_LANES: &str = "convoy_active_lanes";
+/// Messages held: buffered in lanes plus in flight.
+pub const IN_FLIGHT: &str = "convoy_in_flight";
+/// Per source: newest offset minus committed watermark (reported while paused too).
+pub const SOURCE_LAG: &str = "convoy_source_lag";
+/// Per source: the contiguous watermark.
+pub const WATERMARK: &str = "convoy_watermark";
+/// Sources whose fetching is paused by back-pressure.
+pub const PAUSED_SOURCES: &str = "convoy_paused_sources";
+/// Commits the transport refused or failed (retried on the next tick).
+pub const COMMIT_FAILURES: &str = "convoy_commit_failures_total";
+/// Operational failures: a source's lowest unfinished message exceeded the stuck timeout.
+pub const STUCK: &str = "convoy_stuck_total";
+
+/// Handles used on the per-message path.
+pub(crate) struct LaneMetrics {
+    pub handled: Counter,
+    pub duplicates: Counter,
+    pub dead_lettered: Counter,
+    pub retries: Counter,
+    pub sink_failures: Counter,
+    pub handler_duration: Histogram,
+    pub queue_time: Histogram,
+}
+
+impl LaneMetrics {
+    pub fn new(group: &str) -> Self {
+        let g = group.to_owned();
+        LaneMetrics {
+            handled: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "handled"),
+            duplicates: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "duplicate"),
+            dead_lettered: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "dead_lettered"),
+            retries: metrics::counter!(RETRIES, "group" => g.clone()),
+            sink_failures: metrics::counter!(DEAD_LETTER_SINK_FAILURES, "group" => g.clone()),
+            handler_duration: metrics::histogram!(HANDLER_DURATION, "group" => g.clone()),
+            queue_time: metrics::histogram!(QUEUE_TIME, "group" => g),
+        }
+    }
+
+    pub fn dead_letter_cause(&self, group: &str, cause: &'static str) {
+        metrics::counter!(DEAD_LETTERED, "group" => group.to_owned(), "cause" => cause).increment(1);
+    }
+}
+
+/// Handles used by the intake.
+pub(crate) struct IntakeMetrics {
+    pub consumed: Counter,
+    pub in_flight: Gauge,
+    pub active_lanes: Gauge,
+    pub paused_sources: Gauge,
+    pub commit_failures: Counter,
+    pub stuck: Counter,
+}
+
+impl IntakeMetrics {
+    pub fn new(group: &str) -> Self {
+        let g = group.to_owned();
+        IntakeMetrics {
+            consumed: metrics::counter!(CONSUMED, "group" => g.clone()),
+            in_flight: metrics::gauge!(IN_FLIGHT, "group" => g.clone()),
+            active_lanes: metrics::gauge!(ACTIVE_LANES, "group" => g.clone()),
+            paused_sources: metrics::gauge!(PAUSED_SOURCES, "group" => g.clone()),
+            commit_failures: metrics::counter!(COMMIT_FAILURES, "group" => g.clone()),
+            stuck: metrics::counter!(STUCK, "group" => g),
+        }
+    }
+
+    pub fn source_gauges(group: &str, source: &str, watermark: Option<u64>, lag: Option<u64>) {
+        if let Some(w) = watermark {
+            metrics::gauge!(WATERMARK, "group" => group.to_owned(), "source" => source.to_owned()).set(w as f64);
+        }
+        if let Some(l) = lag {
+            metrics::gauge!(SOURCE_LAG, "group" => group.to_owned(), "source" => source.to_owned()).set(l as f64);
+        }
+    }
+}
