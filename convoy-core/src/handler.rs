@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use tokio::time::Instant;
 
 use crate::message::{EventId, Headers, Message, Offset, SourceId};
 
@@ -18,12 +19,27 @@ use crate::message::{EventId, Headers, Message, Offset, SourceId};
 pub struct Delivery {
     message: Arc<Message>,
     attempt: u32,
+    received: Instant,
 }
 
 impl Delivery {
-    /// A delivery of `message` for attempt number `attempt` (1 for the first try).
+    /// A delivery of `message` for attempt number `attempt` (1 for the first try), received now.
     pub fn new(message: Arc<Message>, attempt: u32) -> Self {
-        Delivery { message, attempt }
+        Delivery::received_at(message, attempt, Instant::now())
+    }
+
+    /// A delivery of a message the engine received at `received`.
+    pub fn received_at(message: Arc<Message>, attempt: u32, received: Instant) -> Self {
+        Delivery {
+            message,
+            attempt,
+            received,
+        }
+    }
+
+    /// When the engine received the message from the transport (queueing time starts here).
+    pub fn received(&self) -> Instant {
+        self.received
     }
 
     /// The whole message.

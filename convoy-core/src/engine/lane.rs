@@ -125,7 +125,7 @@ async fn handle_to_the_end(
     let mut reported_exhausted = false;
     let outcome = loop {
         let started = Instant::now();
-        let result = attempt_once(ctx, Delivery::new(message.clone(), attempt))
+        let result = attempt_once(ctx, Delivery::received_at(message.clone(), attempt, received))
             .instrument(tracing::debug_span!("convoy.attempt", attempt))
             .await;
         ctx.metrics

@@ -1,0 +1,631 @@
+//! An in-memory partitioned broker with consumer groups, for tests and benchmarks.
+//!
+//! Topics have partitions holding an append-only log. A consumer group assigns partitions to
+//! its members round-robin and rebalances when members join or leave; moving a partition
+//! revokes it from its owner first and hands it on only after the owner acknowledged (or
+//! crashed, or missed the rebalance timeout). Committed positions belong to the group and
+//! survive any member. Faults can be injected: fetch delays, small batches, offset gaps (like
+//! Kafka's transaction markers), failing dead-letter publishes and commits, dropped
+//! connections (the member's partitions are lost, then reassigned from their commits).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use convoy_core::{
+    Assignment, Commit, Headers, Message, Offset, OutgoingMessage, Receipt, RevokeAck, SourceEvent, SourceId,
+    TransportError,
+};
+use tokio::sync::{mpsc, Notify};
+
+use crate::partitioner::partition_for_key;
+
+/// Faults and limits applied by the broker; change them at any time with [`MemoryBroker::set_faults`].
+#[derive(Clone, Debug)]
+pub struct Faults {
+    /// Sleep this long before handing each fetched round to a member.
+    pub fetch_delay: Option<Duration>,
+    /// At most this many messages per partition per fetch.
+    pub max_batch: usize,
+    /// Skip one offset after every this many published messages (offsets with holes).
+    pub offset_gap_every: Option<u64>,
+    /// Fail this many upcoming dead-letter publishes.
+    pub fail_dead_letters: u32,
+    /// Fail this many upcoming commits.
+    pub fail_commits: u32,
+    /// How long a member may take to acknowledge a revoke before it is expelled.
+    pub rebalance_timeout: Duration,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            fetch_delay: None,
+            max_batch: 512,
+            offset_gap_every: None,
+            fail_dead_letters: 0,
+            fail_commits: 0,
+            rebalance_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Record {
+    offset: Offset,
+    key: Option<Bytes>,
+    payload: Bytes,
+    headers: Headers,
+}
+
+#[derive(Default)]
+struct Partition {
+    log: Vec<Record>,
+    next_offset: Offset,
+    published: u64,
+}
+
+struct Topic {
+    partitions: Vec<Partition>,
+    round_robin: u32,
+}
+
+type TopicPartition = (String, u32);
+
+/// Events buffered between a member and its engine. Small, so a pause takes effect quickly.
+pub const EVENT_CAPACITY: usize = 4;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Ownership {
+    Owned(u64),
+    Revoking(u64),
+}
+
+#[derive(Default)]
+struct Group {
+    topics: BTreeSet<String>,
+    members: BTreeSet<u64>,
+    owners: HashMap<TopicPartition, Ownership>,
+    committed: HashMap<TopicPartition, (Offset, Vec<Offset>)>,
+}
+
+struct Cursor {
+    next: Offset,
+    paused: bool,
+}
+
+struct Member {
+    group: String,
+    assigned: BTreeMap<TopicPartition, Cursor>,
+    pending: VecDeque<SourceEvent>,
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    topics: HashMap<String, Topic>,
+    groups: HashMap<String, Group>,
+    members: HashMap<u64, Member>,
+    next_member: u64,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    data: Notify,
+    faults: Mutex<Faults>,
+    dead_letter_failures: AtomicU64,
+}
+
+/// The in-memory broker. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct MemoryBroker {
+    inner: Arc<Inner>,
+}
+
+impl Default for MemoryBroker {
+    fn default() -> Self {
+        MemoryBroker::new()
+    }
+}
+
+/// The source id of a topic-partition: `topic/partition`.
+pub fn source_id(topic: &str, partition: u32) -> SourceId {
+    SourceId::new(format!("{topic}/{partition}"))
+}
+
+fn parse_source(source: &SourceId) -> Option<TopicPartition> {
+    let (topic, partition) = source.as_str().rsplit_once('/')?;
+    Some((topic.to_owned(), partition.parse().ok()?))
+}
+
+/// A revoke waiting for its acknowledgement.
+struct PendingRevoke {
+    group: String,
+    member: u64,
+    partitions: Vec<TopicPartition>,
+    ack: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl MemoryBroker {
+    /// An empty broker.
+    pub fn new() -> Self {
+        MemoryBroker {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                data: Notify::new(),
+                faults: Mutex::new(Faults::default()),
+                dead_letter_failures: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current faults.
+    pub fn faults(&self) -> Faults {
+        self.inner.faults.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Changes the faults.
+    pub fn set_faults(&self, change: impl FnOnce(&mut Faults)) {
+        change(&mut self.inner.faults.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// Creates a topic (no-op if it exists).
+    pub fn create_topic(&self, topic: &str, partitions: u32) {
+        let mut state = self.state();
+        state.topics.entry(topic.to_owned()).or_insert_with(|| Topic {
+            partitions: (0..partitions.max(1)).map(|_| Partition::default()).collect(),
+            round_robin: 0,
+        });
+    }
+
+    /// Number of partitions of a topic, if it exists.
+    pub fn partitions(&self, topic: &str) -> Option<u32> {
+        self.state().topics.get(topic).map(|t| t.partitions.len() as u32)
+    }
+
+    /// Appends a message; keyed messages go to `murmur2(key) % partitions`.
+    pub fn publish(&self, topic: &str, message: OutgoingMessage) -> Result<Receipt, TransportError> {
+        let gap_every = self.faults().offset_gap_every;
+        let receipt = {
+            let mut state = self.state();
+            let t = state.topics.get_mut(topic).ok_or_else(|| {
+                TransportError::broker(
+                    format!("publish to `{topic}`"),
+                    "unknown topic; create it first with MemoryBroker::create_topic",
+                )
+            })?;
+            let n = t.partitions.len() as u32;
+            let partition = match &message.key {
+                Some(key) => partition_for_key(key, n),
+                None => {
+                    t.round_robin = t.round_robin.wrapping_add(1);
+                    t.round_robin % n
+                }
+            };
+            let p = &mut t.partitions[partition as usize];
+            p.published += 1;
+            if gap_every.is_some_and(|every| every > 0 && p.published % every == 0) {
+                p.next_offset += 1; // a hole, like a Kafka transaction marker
+            }
+            let offset = p.next_offset;
+            p.next_offset += 1;
+            p.log.push(Record {
+                offset,
+                key: message.key,
+                payload: message.payload,
+                headers: message.headers,
+            });
+            Receipt {
+                source: source_id(topic, partition),
+                offset,
+            }
+        };
+        self.inner.data.notify_waiters();
+        Ok(receipt)
+    }
+
+    /// Every message of a topic, partition by partition, in offset order.
+    pub fn read_all(&self, topic: &str) -> Vec<Message> {
+        let state = self.state();
+        let Some(t) = state.topics.get(topic) else {
+            return Vec::new();
+        };
+        t.partitions
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| {
+                let source = source_id(topic, i as u32);
+                p.log.iter().map(move |r| to_message(&source, r))
+            })
+            .collect()
+    }
+
+    /// The newest offset of each source, if the source exists and is not empty.
+    pub fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
+        let state = self.state();
+        sources
+            .iter()
+            .map(|s| {
+                let (topic, partition) = parse_source(s)?;
+                let p = state.topics.get(&topic)?.partitions.get(partition as usize)?;
+                p.log.last().map(|r| r.offset)
+            })
+            .collect()
+    }
+
+    /// The group's committed watermark per source.
+    pub fn committed(&self, group: &str) -> BTreeMap<SourceId, Offset> {
+        let state = self.state();
+        state
+            .groups
+            .get(group)
+            .map(|g| {
+                g.committed
+                    .iter()
+                    .map(|((t, p), (w, _))| (source_id(t, *p), *w))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The members of a group now.
+    pub fn members(&self, group: &str) -> Vec<u64> {
+        self.state()
+            .groups
+            .get(group)
+            .map(|g| g.members.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Which member owns which source in a group now (sources being revoked included).
+    pub fn owners(&self, group: &str) -> BTreeMap<SourceId, u64> {
+        self.state()
+            .groups
+            .get(group)
+            .map(|g| {
+                g.owners
+                    .iter()
+                    .map(|((t, p), o)| {
+                        let m = match o {
+                            Ownership::Owned(m) | Ownership::Revoking(m) => *m,
+                        };
+                        (source_id(t, *p), m)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Joins `group` on `topics` as a new member; returns its id and event stream.
+    pub(crate) fn join(
+        &self,
+        group: &str,
+        topics: &[String],
+    ) -> Result<(u64, mpsc::Receiver<SourceEvent>), TransportError> {
+        let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
+        let wake = Arc::new(Notify::new());
+        let (id, revokes) = {
+            let mut state = self.state();
+            for topic in topics {
+                if !state.topics.contains_key(topic) {
+                    return Err(TransportError::broker(
+                        format!("subscribe to `{topic}`"),
+                        "unknown topic; create it first with MemoryBroker::create_topic",
+                    ));
+                }
+            }
+            let id = state.next_member;
+            state.next_member += 1;
+            state.members.insert(
+                id,
+                Member {
+                    group: group.to_owned(),
+                    assigned: BTreeMap::new(),
+                    pending: VecDeque::new(),
+                    wake: wake.clone(),
+                },
+            );
+            let g = state.groups.entry(group.to_owned()).or_default();
+            g.members.insert(id);
+            g.topics.extend(topics.iter().cloned());
+            let revokes = rebalance(&mut state, group);
+            (id, revokes)
+        };
+        self.await_revokes(revokes);
+        tokio::spawn(self.clone().member_loop(id, tx, wake));
+        Ok((id, rx))
+    }
+
+    /// Removes a member (graceful leave or crash: the broker cannot tell, like Kafka after a
+    /// session timeout). Its sources are reassigned from the group's committed positions.
+    pub(crate) fn leave(&self, member: u64) {
+        let revokes = {
+            let mut state = self.state();
+            let Some(m) = state.members.remove(&member) else {
+                return;
+            };
+            m.wake.notify_one();
+            let Some(g) = state.groups.get_mut(&m.group) else {
+                return;
+            };
+            g.members.remove(&member);
+            g.owners
+                .retain(|_, o| !matches!(o, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member));
+            rebalance(&mut state, &m.group)
+        };
+        self.await_revokes(revokes);
+    }
+
+    /// Fault: the member's connection drops. Its sources are lost (no commit possible), then
+    /// the member rejoins and gets sources again from their committed positions.
+    pub fn drop_connection(&self, member: u64) {
+        let revokes = {
+            let mut state = self.state();
+            let Some(m) = state.members.get_mut(&member) else {
+                return;
+            };
+            let lost: Vec<TopicPartition> = std::mem::take(&mut m.assigned).into_keys().collect();
+            if !lost.is_empty() {
+                m.pending
+                    .push_back(SourceEvent::Lost(lost.iter().map(|(t, p)| source_id(t, *p)).collect()));
+            }
+            m.wake.notify_one();
+            let group = m.group.clone();
+            if let Some(g) = state.groups.get_mut(&group) {
+                g.owners
+                    .retain(|_, o| !matches!(o, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member));
+            }
+            rebalance(&mut state, &group)
+        };
+        self.await_revokes(revokes);
+    }
+
+    /// Waits (in the background) for revoke acknowledgements, then hands the sources on.
+    fn await_revokes(&self, revokes: Vec<PendingRevoke>) {
+        for revoke in revokes {
+            let broker = self.clone();
+            let timeout = self.faults().rebalance_timeout;
+            tokio::spawn(async move {
+                let acked = matches!(tokio::time::timeout(timeout, revoke.ack).await, Ok(Ok(())));
+                if !acked {
+                    // Dropped ack (crash) or too slow: like Kafka, expel the member.
+                    tracing::warn!(member = revoke.member, "member did not acknowledge a revoke; expelling it");
+                    broker.leave(revoke.member);
+                    return;
+                }
+                let more = {
+                    let mut state = broker.state();
+                    if let Some(g) = state.groups.get_mut(&revoke.group) {
+                        for tp in &revoke.partitions {
+                            if g.owners.get(tp) == Some(&Ownership::Revoking(revoke.member)) {
+                                g.owners.remove(tp);
+                            }
+                        }
+                    }
+                    rebalance(&mut state, &revoke.group)
+                };
+                broker.await_revokes(more);
+            });
+        }
+    }
+
+    pub(crate) fn set_paused(&self, member: u64, sources: &[SourceId], paused: bool) -> Result<(), TransportError> {
+        let mut state = self.state();
+        let m = state.members.get_mut(&member).ok_or(TransportError::Closed)?;
+        for s in sources {
+            if let Some(tp) = parse_source(s) {
+                if let Some(c) = m.assigned.get_mut(&tp) {
+                    c.paused = paused;
+                }
+            }
+        }
+        if !paused {
+            m.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    pub(crate) fn commit(&self, member: u64, commits: &[Commit]) -> Result<(), TransportError> {
+        {
+            let mut faults = self.inner.faults.lock().unwrap_or_else(|p| p.into_inner());
+            if faults.fail_commits > 0 {
+                faults.fail_commits -= 1;
+                return Err(TransportError::Unavailable("injected commit failure".into()));
+            }
+        }
+        let mut state = self.state();
+        let group = state.members.get(&member).ok_or(TransportError::Closed)?.group.clone();
+        let g = state.groups.get_mut(&group).ok_or(TransportError::Closed)?;
+        for c in commits {
+            let tp = parse_source(&c.source).ok_or_else(|| TransportError::NotOwner(c.source.clone()))?;
+            match g.owners.get(&tp) {
+                Some(Ownership::Owned(m) | Ownership::Revoking(m)) if *m == member => {}
+                _ => return Err(TransportError::NotOwner(c.source.clone())),
+            }
+        }
+        for c in commits {
+            if let Some(tp) = parse_source(&c.source) {
+                g.committed.insert(tp, (c.watermark, c.finished_above.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn take_dead_letter_failure(&self) -> bool {
+        let mut faults = self.inner.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if faults.fail_dead_letters > 0 {
+            faults.fail_dead_letters -= 1;
+            self.inner.dead_letter_failures.fetch_add(1, Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// How many dead-letter publishes were failed by injection so far.
+    pub fn injected_dead_letter_failures(&self) -> u64 {
+        self.inner.dead_letter_failures.load(Relaxed)
+    }
+
+    /// A member's fetch loop: control events first, then one batch from the next unpaused
+    /// source with data, taken under one lock so events reach the engine in a consistent
+    /// order. One batch per round keeps what is fetched after a pause to at most
+    /// `EVENT_CAPACITY + 1` batches.
+    async fn member_loop(self, id: u64, tx: mpsc::Sender<SourceEvent>, wake: Arc<Notify>) {
+        let mut next_partition = 0usize;
+        loop {
+            let data = self.inner.data.notified();
+            tokio::pin!(data);
+            data.as_mut().enable();
+            let faults = self.faults();
+            let out = {
+                let mut state = self.state();
+                let State { topics, members, .. } = &mut *state;
+                let Some(member) = members.get_mut(&id) else {
+                    return; // left or expelled
+                };
+                let mut out: Vec<SourceEvent> = member.pending.drain(..).collect();
+                let count = member.assigned.len();
+                for i in 0..count {
+                    let index = (next_partition + i) % count;
+                    let Some(((topic, partition), cursor)) = member.assigned.iter_mut().nth(index) else {
+                        break;
+                    };
+                    if cursor.paused {
+                        continue;
+                    }
+                    let Some(p) = topics.get(topic).and_then(|t| t.partitions.get(*partition as usize)) else {
+                        continue;
+                    };
+                    let start = p.log.partition_point(|r| r.offset < cursor.next);
+                    let end = (start + faults.max_batch.max(1)).min(p.log.len());
+                    if start == end {
+                        continue;
+                    }
+                    let source = source_id(topic, *partition);
+                    let messages: Vec<Message> = p.log[start..end].iter().map(|r| to_message(&source, r)).collect();
+                    cursor.next = p.log[end - 1].offset + 1;
+                    out.push(SourceEvent::Messages { source, messages });
+                    next_partition = index + 1;
+                    break;
+                }
+                out
+            };
+            if out.is_empty() {
+                tokio::select! {
+                    _ = data => {}
+                    _ = wake.notified() => {}
+                    _ = tx.closed() => { self.leave(id); return; }
+                }
+                continue;
+            }
+            if let Some(delay) = faults.fetch_delay {
+                tokio::time::sleep(delay).await;
+            }
+            for event in out {
+                if tx.send(event).await.is_err() {
+                    self.leave(id); // the consumer went away without closing: a crash
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn to_message(source: &SourceId, r: &Record) -> Message {
+    Message {
+        key: r.key.clone(),
+        payload: r.payload.clone(),
+        headers: r.headers.clone(),
+        source: source.clone(),
+        offset: r.offset,
+    }
+}
+
+/// Moves the group toward a round-robin assignment of its partitions over its members.
+/// Unowned partitions are assigned at once; owned ones that must move are revoked first.
+fn rebalance(state: &mut State, group: &str) -> Vec<PendingRevoke> {
+    let State { topics, groups, members, .. } = state;
+    let Some(g) = groups.get_mut(group) else {
+        return Vec::new();
+    };
+    let live: Vec<u64> = g.members.iter().copied().collect();
+    if live.is_empty() {
+        return Vec::new();
+    }
+    let partitions: Vec<TopicPartition> = g
+        .topics
+        .iter()
+        .flat_map(|t| {
+            let n = topics.get(t).map_or(0, |t| t.partitions.len() as u32);
+            (0..n).map(move |p| (t.clone(), p))
+        })
+        .collect();
+    let mut assigned: BTreeMap<u64, Vec<Assignment>> = BTreeMap::new();
+    let mut revoked: BTreeMap<u64, Vec<TopicPartition>> = BTreeMap::new();
+    for (i, tp) in partitions.iter().enumerate() {
+        let target = live[i % live.len()];
+        match g.owners.get(tp).copied() {
+            None => {
+                let (committed, finished_above) = match g.committed.get(tp) {
+                    Some((w, above)) => (Some(*w), above.clone()),
+                    None => (None, Vec::new()),
+                };
+                if let Some(m) = members.get_mut(&target) {
+                    m.assigned.insert(
+                        tp.clone(),
+                        Cursor {
+                            next: committed.map_or(0, |w| w + 1),
+                            paused: false,
+                        },
+                    );
+                    g.owners.insert(tp.clone(), Ownership::Owned(target));
+                    assigned.entry(target).or_default().push(Assignment {
+                        source: source_id(&tp.0, tp.1),
+                        committed,
+                        finished_above,
+                    });
+                }
+            }
+            Some(Ownership::Owned(owner)) if owner != target => {
+                if let Some(m) = members.get_mut(&owner) {
+                    m.assigned.remove(tp);
+                }
+                g.owners.insert(tp.clone(), Ownership::Revoking(owner));
+                revoked.entry(owner).or_default().push(tp.clone());
+            }
+            Some(_) => {}
+        }
+    }
+    let mut pending = Vec::new();
+    for (member, partitions) in revoked {
+        let (ack, rx) = RevokeAck::new();
+        if let Some(m) = members.get_mut(&member) {
+            m.pending.push_back(SourceEvent::Revoked {
+                sources: partitions.iter().map(|(t, p)| source_id(t, *p)).collect(),
+                ack,
+            });
+            m.wake.notify_one();
+        }
+        pending.push(PendingRevoke {
+            group: group.to_owned(),
+            member,
+            partitions,
+            ack: rx,
+        });
+    }
+    for (member, list) in assigned {
+        if let Some(m) = members.get_mut(&member) {
+            m.pending.push_back(SourceEvent::Assigned(list));
+            m.wake.notify_one();
+        }
+    }
+    pending
+}

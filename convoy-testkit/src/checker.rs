@@ -1,0 +1,338 @@
+//! The order checker: records what was published and what was handled or dead-lettered, per
+//! key, and reports order violations, losses and duplicates separately.
+//!
+//! Semantics under at-least-once delivery: per key, a message may be handled only after every
+//! earlier message of that key was handled (or dead-lettered) at least once. Handling one again
+//! later (a replay after a crash or rebalance, restarting at or before the watermark) is a
+//! duplicate, not a violation. A message published but never handled nor dead-lettered is lost.
+//! Two handler calls of one key running at the same time are an overlap.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+const STRIPES: usize = 64;
+const SAMPLES: usize = 10;
+
+#[derive(Default)]
+struct KeyState {
+    published: u64,
+    /// Every seq below it was finished at least once.
+    frontier: u64,
+    /// Finished seqs above the frontier (only after violations).
+    ahead: BTreeSet<u64>,
+}
+
+struct Stripe {
+    keys: HashMap<Bytes, KeyState, foldhash::fast::RandomState>,
+    active: HashSet<Bytes, foldhash::fast::RandomState>,
+    latency_us: Histogram<u64>,
+}
+
+/// Counts reported by [`OrderChecker::report`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CheckReport {
+    /// Messages published (expected).
+    pub published: u64,
+    /// Distinct messages finished at least once.
+    pub finished: u64,
+    /// Handler successes recorded (duplicates included).
+    pub handled: u64,
+    /// Dead letters recorded.
+    pub dead_lettered: u64,
+    /// Messages handled before an earlier message of their key was finished.
+    pub order_violations: u64,
+    /// Published messages never handled nor dead-lettered.
+    pub lost: u64,
+    /// Messages finished more than once.
+    pub duplicates: u64,
+    /// Times two handler calls of one key ran at once.
+    pub overlaps: u64,
+    /// The first few violations, described.
+    pub samples: Vec<String>,
+}
+
+impl CheckReport {
+    /// True when nothing was lost, nothing overtaken, no key ran twice at once.
+    pub fn is_clean(&self) -> bool {
+        self.order_violations == 0 && self.lost == 0 && self.overlaps == 0
+    }
+}
+
+/// Shared by publishers and handlers of a test or benchmark.
+pub struct OrderChecker {
+    stripes: Box<[Mutex<Stripe>]>,
+    hasher: foldhash::fast::FixedState,
+    published: AtomicU64,
+    finished: AtomicU64,
+    handled: AtomicU64,
+    dead_lettered: AtomicU64,
+    violations: AtomicU64,
+    duplicates: AtomicU64,
+    overlaps: AtomicU64,
+    samples: Mutex<Vec<String>>,
+}
+
+impl Default for OrderChecker {
+    fn default() -> Self {
+        OrderChecker::new()
+    }
+}
+
+/// Marks a key as being handled until dropped; see [`OrderChecker::enter`].
+pub struct KeyGuard<'a> {
+    checker: &'a OrderChecker,
+    key: Bytes,
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        self.checker.stripe(&self.key).active.remove(&self.key);
+    }
+}
+
+impl OrderChecker {
+    /// An empty checker.
+    pub fn new() -> Self {
+        OrderChecker {
+            stripes: (0..STRIPES)
+                .map(|_| {
+                    Mutex::new(Stripe {
+                        keys: HashMap::default(),
+                        active: HashSet::default(),
+                        // Constant, valid bounds: 1 µs to 1 h at 3 significant digits.
+                        latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                            .expect("constant histogram bounds are valid"),
+                    })
+                })
+                .collect(),
+            hasher: foldhash::fast::FixedState::with_seed(0xc4ec),
+            published: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            violations: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            overlaps: AtomicU64::new(0),
+            samples: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn stripe(&self, key: &[u8]) -> MutexGuard<'_, Stripe> {
+        let i = (self.hasher.hash_one(key) as usize) % STRIPES;
+        self.stripes[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn sample(&self, text: impl FnOnce() -> String) {
+        let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        if s.len() < SAMPLES {
+            s.push(text());
+        }
+    }
+
+    /// Registers the next message of `key`; returns its per-key sequence number.
+    pub fn expect(&self, key: &Bytes) -> u64 {
+        let mut stripe = self.stripe(key);
+        let state = stripe.keys.entry(key.clone()).or_default();
+        let seq = state.published;
+        state.published += 1;
+        self.published.fetch_add(1, Relaxed);
+        seq
+    }
+
+    /// Marks `key` as in a handler; a second concurrent entry is an overlap.
+    pub fn enter(&self, key: &Bytes) -> KeyGuard<'_> {
+        if !self.stripe(key).active.insert(key.clone()) {
+            self.overlaps.fetch_add(1, Relaxed);
+            self.sample(|| format!("key {:?} handled twice at once", String::from_utf8_lossy(key)));
+        }
+        KeyGuard {
+            checker: self,
+            key: key.clone(),
+        }
+    }
+
+    /// Records a successful handling, with its latency if measured.
+    pub fn handled(&self, key: &[u8], seq: u64, latency: Option<Duration>) {
+        self.handled.fetch_add(1, Relaxed);
+        self.finish(key, seq, latency);
+    }
+
+    /// Records a confirmed dead letter.
+    pub fn dead_lettered(&self, key: &[u8], seq: u64) {
+        self.dead_lettered.fetch_add(1, Relaxed);
+        self.finish(key, seq, None);
+    }
+
+    fn finish(&self, key: &[u8], seq: u64, latency: Option<Duration>) {
+        let mut stripe = self.stripe(key);
+        if let Some(l) = latency {
+            stripe.latency_us.saturating_record(l.as_micros().max(1) as u64);
+        }
+        let Some(state) = stripe.keys.get_mut(key) else {
+            drop(stripe);
+            self.violations.fetch_add(1, Relaxed);
+            self.sample(|| format!("key {:?} seq {seq} finished but never published", String::from_utf8_lossy(key)));
+            return;
+        };
+        if seq < state.frontier || state.ahead.contains(&seq) {
+            self.duplicates.fetch_add(1, Relaxed);
+        } else if seq == state.frontier {
+            let mut advanced = 1;
+            state.frontier += 1;
+            while state.ahead.remove(&state.frontier) {
+                state.frontier += 1;
+                advanced += 1;
+            }
+            self.finished.fetch_add(advanced, Relaxed);
+        } else {
+            let frontier = state.frontier;
+            state.ahead.insert(seq);
+            drop(stripe);
+            self.violations.fetch_add(1, Relaxed);
+            self.sample(|| {
+                format!(
+                    "key {:?}: seq {seq} finished before seq {frontier}",
+                    String::from_utf8_lossy(key)
+                )
+            });
+        }
+    }
+
+    /// Distinct messages finished so far (ahead-of-order ones excluded until the gap fills).
+    pub fn finished(&self) -> u64 {
+        self.finished.load(Relaxed)
+    }
+
+    /// Messages published so far.
+    pub fn published(&self) -> u64 {
+        self.published.load(Relaxed)
+    }
+
+    /// True when every published message was finished at least once.
+    pub fn complete(&self) -> bool {
+        self.finished() >= self.published()
+    }
+
+    /// Waits until [`complete`](Self::complete) or `limit` passes; returns whether complete.
+    pub async fn wait_complete(&self, limit: Duration) -> bool {
+        self.wait_for(limit, |c| c.complete()).await
+    }
+
+    /// Waits until `condition` holds or `limit` passes; returns whether it held.
+    pub async fn wait_for(&self, limit: Duration, condition: impl Fn(&Self) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if condition(self) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Latency percentiles (microseconds) over everything recorded: (p50, p95, p99, p999).
+    pub fn latency_percentiles_us(&self) -> (u64, u64, u64, u64) {
+        let mut all: Option<Histogram<u64>> = None;
+        for stripe in self.stripes.iter() {
+            let s = stripe.lock().unwrap_or_else(|p| p.into_inner());
+            match &mut all {
+                None => all = Some(s.latency_us.clone()),
+                Some(h) => {
+                    let _ = h.add(&s.latency_us);
+                }
+            }
+        }
+        match all {
+            Some(h) if !h.is_empty() => (
+                h.value_at_quantile(0.50),
+                h.value_at_quantile(0.95),
+                h.value_at_quantile(0.99),
+                h.value_at_quantile(0.999),
+            ),
+            _ => (0, 0, 0, 0),
+        }
+    }
+
+    /// The counts now. `lost` counts messages not finished yet: call it once the run ended.
+    pub fn report(&self) -> CheckReport {
+        let mut unfinished = 0u64;
+        for stripe in self.stripes.iter() {
+            let s = stripe.lock().unwrap_or_else(|p| p.into_inner());
+            for state in s.keys.values() {
+                unfinished += state.published - state.frontier - state.ahead.len() as u64;
+            }
+        }
+        CheckReport {
+            published: self.published(),
+            finished: self.finished(),
+            handled: self.handled.load(Relaxed),
+            dead_lettered: self.dead_lettered.load(Relaxed),
+            order_violations: self.violations.load(Relaxed),
+            lost: unfinished,
+            duplicates: self.duplicates.load(Relaxed),
+            overlaps: self.overlaps.load(Relaxed),
+            samples: self.samples.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(s: &'static str) -> Bytes {
+        Bytes::from_static(s.as_bytes())
+    }
+
+    #[test]
+    fn in_order_is_clean_and_replays_are_duplicates() {
+        let c = OrderChecker::new();
+        for _ in 0..3 {
+            c.expect(&k("a"));
+        }
+        c.handled(b"a", 0, None);
+        c.handled(b"a", 1, None);
+        c.handled(b"a", 0, None); // replay after a crash: allowed
+        c.dead_lettered(b"a", 2);
+        let r = c.report();
+        assert!(r.is_clean(), "{r:?}");
+        assert_eq!((r.finished, r.duplicates, r.lost), (3, 1, 0));
+        assert!(c.complete());
+    }
+
+    #[test]
+    fn overtaking_and_loss_are_reported() {
+        let c = OrderChecker::new();
+        for _ in 0..4 {
+            c.expect(&k("a"));
+        }
+        c.handled(b"a", 1, None); // 0 not finished yet
+        c.handled(b"a", 0, None);
+        let r = c.report();
+        assert_eq!(r.order_violations, 1);
+        assert_eq!(r.lost, 2, "seqs 2 and 3 never finished");
+        assert_eq!(r.finished, 2);
+        assert!(!r.is_clean());
+        assert!(r.samples[0].contains("seq 1 finished before seq 0"));
+    }
+
+    #[test]
+    fn concurrent_handling_of_one_key_is_an_overlap() {
+        let c = OrderChecker::new();
+        let _a = c.enter(&k("a"));
+        let _b = c.enter(&k("b"));
+        {
+            let _again = c.enter(&k("a"));
+        }
+        assert_eq!(c.report().overlaps, 1);
+    }
+}

@@ -1,0 +1,554 @@
+//! The conformance suite: one set of cases every transport must pass.
+//!
+//! A transport's test crate implements [`ConformanceTarget`] (fresh, isolated beds: a topic or
+//! queue set, a consumer group, a dead-letter destination) and calls
+//! [`conformance_tests!`](crate::conformance_tests), which makes each case a separately named
+//! test. Cases assert outcomes — every message finished, per-key order, what was committed,
+//! what reached the dead-letter destination with which reason — never just "no error".
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use convoy_core::dead_letter::{DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE};
+use convoy_core::{
+    typed, BackPressure, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError, Message,
+    Offset, OutgoingMessage, Publisher, Receipt, RetryPolicy, SourceId, Subscription, TransportError,
+};
+
+use crate::checker::{CheckReport, OrderChecker};
+use crate::probe::{self, decode_seq, probe_key, FaultPlan, Latency, ProbeHandler, RecordingSink};
+
+/// What a transport can and cannot do, declared once instead of weakening a case.
+#[derive(Clone, Copy, Debug)]
+pub struct Capabilities {
+    /// The most messages the transport may still deliver after fetching was paused (batches
+    /// already fetched or buffered): the allowed back-pressure overshoot.
+    pub max_prefetch: usize,
+}
+
+/// An isolated environment for one case.
+#[async_trait]
+pub trait TestBed: Send + Sync {
+    /// Publishes keyed messages to the bed's sources.
+    fn publisher(&self) -> Arc<dyn Publisher>;
+    /// The transport's native dead-letter sink for this bed.
+    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink>;
+    /// The consumer group name.
+    fn group(&self) -> &str;
+    /// Joins the group as a new member.
+    async fn subscribe(&self) -> Result<Subscription, TransportError>;
+    /// Reads the dead-letter destination, waiting (bounded) until `expected` are there.
+    async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError>;
+    /// The group's committed watermarks.
+    async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError>;
+}
+
+/// Makes fresh beds for the suite.
+#[async_trait]
+pub trait ConformanceTarget: Send + Sync {
+    /// What the transport supports.
+    fn capabilities(&self) -> Capabilities;
+    /// A fresh bed whose destination has `partitions` sources.
+    async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError>;
+}
+
+/// Expands to one `#[tokio::test]` per conformance case, each calling the case with the
+/// target built by `$target` (an expression evaluated per test).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($target:expr) => {
+        $crate::conformance_tests!(@cases $target;
+            per_key_order_under_parallelism,
+            transient_retry_without_overtaking,
+            terminal_error_dead_letters_and_lane_continues,
+            retries_exhausted_dead_letters,
+            crash_without_commit_redelivers_from_watermark,
+            restart_redelivers_nothing_committed,
+            rebalance_two_consumers_mid_stream,
+            slow_handler_fast_producer_bounded_memory,
+            graceful_shutdown_commits,
+            malformed_payload_dead_letters,
+            duplicate_delivery_skipped,
+            hot_key_does_not_stall_others,
+        );
+    };
+    (@cases $target:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let target = $target;
+                $crate::conformance::$case(&target).await;
+            }
+        )*
+    };
+}
+
+/// Upper bound for any wait in a case; a healthy run takes a small fraction of it.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Fast settings for tests: short backoff, frequent commits.
+pub fn test_config(group: &str) -> EngineConfig {
+    let mut retry = RetryPolicy {
+        max_attempts: Some(5),
+        ..RetryPolicy::default()
+    };
+    retry.backoff.base = Duration::from_millis(1);
+    retry.backoff.cap = Duration::from_millis(20);
+    EngineConfig {
+        group: group.to_owned(),
+        shards: 4,
+        retry,
+        commit_interval: Duration::from_millis(20),
+        commit_every: 100,
+        drain_timeout: Duration::from_secs(20),
+        ..EngineConfig::default()
+    }
+}
+
+async fn bed(target: &dyn ConformanceTarget, partitions: u32) -> Box<dyn TestBed> {
+    match target.bed(partitions).await {
+        Ok(bed) => bed,
+        Err(e) => panic!("the target could not make a test bed: {e}"),
+    }
+}
+
+fn start(bed_sink: Arc<dyn DeadLetterSink>, handler: impl Handler, config: EngineConfig, subscription: Subscription) -> EngineHandle {
+    match Engine::builder(handler).config(config).dead_letter_sink(bed_sink).build() {
+        Ok(engine) => engine.spawn(subscription),
+        Err(e) => panic!("test engine config rejected: {e}"),
+    }
+}
+
+async fn subscribe(bed: &dyn TestBed) -> Subscription {
+    match bed.subscribe().await {
+        Ok(s) => s,
+        Err(e) => panic!("subscribe failed: {e}"),
+    }
+}
+
+async fn load(bed: &dyn TestBed, checker: &OrderChecker, prefix: &str, keys: usize, per_key: usize) -> Vec<Receipt> {
+    match probe::publish_load(bed.publisher().as_ref(), checker, prefix, keys, per_key).await {
+        Ok(r) => r,
+        Err(e) => panic!("publishing the load failed: {e}"),
+    }
+}
+
+async fn wait_complete(checker: &OrderChecker, what: &str) {
+    if !checker.wait_complete(LIMIT).await {
+        panic!("{what}: not every message finished within {LIMIT:?}: {:?}", checker.report());
+    }
+}
+
+fn assert_clean(report: &CheckReport, what: &str) {
+    assert!(report.is_clean(), "{what}: {report:#?}");
+    assert_eq!(report.finished, report.published, "{what}: {report:#?}");
+}
+
+async fn stop(handle: EngineHandle) -> convoy_core::EngineReport {
+    match handle.stop().await {
+        Ok(r) => r,
+        Err(e) => panic!("engine did not stop cleanly: {e}"),
+    }
+}
+
+fn last_offsets(receipts: &[Receipt]) -> BTreeMap<SourceId, Offset> {
+    let mut last = BTreeMap::new();
+    for r in receipts {
+        let e = last.entry(r.source.clone()).or_insert(r.offset);
+        *e = (*e).max(r.offset);
+    }
+    last
+}
+
+async fn committed(bed: &dyn TestBed) -> BTreeMap<SourceId, Offset> {
+    match bed.committed().await {
+        Ok(c) => c,
+        Err(e) => panic!("reading committed positions failed: {e}"),
+    }
+}
+
+/// Many keys over several sources with random latency: per-key order holds, no key runs
+/// twice at once, and different keys really run in parallel.
+pub async fn per_key_order_under_parallelism(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 4).await;
+    let checker = Arc::new(OrderChecker::new());
+    let plan = FaultPlan {
+        latency: Latency::Uniform(Duration::ZERO, Duration::from_millis(2)),
+        ..FaultPlan::default()
+    };
+    let handler = Arc::new(ProbeHandler::with_faults(checker.clone(), plan));
+    load(bed.as_ref(), &checker, "k", 40, 25).await;
+    let consumer = start(bed.dead_letter_sink(), handler.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "per-key order").await;
+    let report = stop(consumer).await;
+    let check = checker.report();
+    assert_clean(&check, "per-key order");
+    assert_eq!((check.duplicates, check.dead_lettered), (0, 0), "{check:#?}");
+    assert_eq!(report.stats.handled, 1000);
+    assert!(handler.max_in_flight() >= 4, "keys ran in parallel: at most {} at once", handler.max_in_flight());
+}
+
+/// Transient failures retry inside the lane: later messages of the key never overtake, and
+/// each failing message is retried exactly as often as it failed.
+pub async fn transient_retry_without_overtaking(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 3).await;
+    let checker = Arc::new(OrderChecker::new());
+    let plan = FaultPlan {
+        seed: 11,
+        transient_rate: 0.2,
+        transient_attempts: 2,
+        ..FaultPlan::default()
+    };
+    let receipts = load(bed.as_ref(), &checker, "k", 20, 25).await;
+    let failing = (0..25u64)
+        .flat_map(|seq| (0..20).map(move |k| (probe_key("k", k), seq)))
+        .filter(|(k, s)| plan.fails_transiently(k, *s))
+        .count() as u64;
+    assert!(failing > 50, "the plan must fail a fair share: {failing}");
+    let handler = Arc::new(ProbeHandler::with_faults(checker.clone(), plan));
+    let consumer = start(bed.dead_letter_sink(), handler.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "transient retry").await;
+    let report = stop(consumer).await;
+    let check = checker.report();
+    assert_clean(&check, "transient retry");
+    assert_eq!(check.dead_lettered, 0);
+    assert_eq!(report.stats.retries, failing * 2, "two retries per failing message");
+    assert_eq!(handler.calls(), receipts.len() as u64 + failing * 2);
+}
+
+fn header<'a>(m: &'a Message, name: &str) -> &'a str {
+    m.headers.get_str(name).unwrap_or_else(|| panic!("dead letter lacks header {name}: {m:?}"))
+}
+
+/// A terminal error dead-letters the message at once, with its reason, and the lane goes on.
+pub async fn terminal_error_dead_letters_and_lane_continues(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 2).await;
+    let checker = Arc::new(OrderChecker::new());
+    let poison: HashSet<(Bytes, u64)> = [(probe_key("k", 3), 5), (probe_key("k", 3), 6), (probe_key("k", 7), 0)].into();
+    let plan = FaultPlan {
+        terminal_on: poison.clone(),
+        ..FaultPlan::default()
+    };
+    let receipts = load(bed.as_ref(), &checker, "k", 10, 20).await;
+    let handler = Arc::new(ProbeHandler::with_faults(checker.clone(), plan).counting_calls());
+    let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
+    let consumer = start(sink.clone(), handler.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "terminal error").await;
+    stop(consumer).await;
+    let check = checker.report();
+    assert_clean(&check, "terminal error");
+    assert_eq!(check.dead_lettered, 3);
+    assert_eq!(check.handled, receipts.len() as u64 - 3);
+    for (key, seq) in &poison {
+        assert_eq!(handler.calls_for(key, *seq), 1, "terminal errors are not retried");
+    }
+    let dead = match bed.dead_letters(3).await {
+        Ok(d) => d,
+        Err(e) => panic!("reading dead letters failed: {e}"),
+    };
+    assert_eq!(dead.len(), 3, "exactly the poison messages reached the destination: {dead:?}");
+    for m in &dead {
+        let seq = decode_seq(&m.payload).expect("dead letter keeps the original payload");
+        let key = m.key.clone().expect("dead letter keeps the original key");
+        assert!(poison.contains(&(key.clone(), seq)));
+        assert_eq!(header(m, DL_CAUSE), "terminal");
+        assert_eq!(header(m, DL_ERROR_CLASS), "terminal");
+        assert!(header(m, DL_ERROR).contains("injected terminal failure"));
+        assert_eq!(header(m, DL_ATTEMPTS), "1");
+        assert_eq!(header(m, DL_GROUP), bed.group());
+        let original = receipts
+            .iter()
+            .zip(0..)
+            .find(|(_, i)| *i / 10 == seq as usize && probe_key("k", i % 10) == key)
+            .map(|(r, _)| r)
+            .expect("receipt of the poison message");
+        assert_eq!(header(m, DL_SOURCE), original.source.as_str());
+        assert_eq!(header(m, DL_OFFSET), original.offset.to_string());
+    }
+}
+
+/// A message that keeps failing transiently is dead-lettered after the attempt limit, and its
+/// key's later messages are then handled.
+pub async fn retries_exhausted_dead_letters(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 2).await;
+    let checker = Arc::new(OrderChecker::new());
+    let stubborn = (probe_key("k", 1), 3u64);
+    let plan = FaultPlan {
+        transient_forever: [stubborn.clone()].into(),
+        ..FaultPlan::default()
+    };
+    load(bed.as_ref(), &checker, "k", 5, 10).await;
+    let handler = Arc::new(ProbeHandler::with_faults(checker.clone(), plan).counting_calls());
+    let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
+    let mut config = test_config(bed.group());
+    config.retry.max_attempts = Some(4);
+    let consumer = start(sink.clone(), handler.clone(), config, subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "retries exhausted").await;
+    let report = stop(consumer).await;
+    let check = checker.report();
+    assert_clean(&check, "retries exhausted");
+    assert_eq!(check.dead_lettered, 1);
+    assert_eq!(handler.calls_for(&stubborn.0, stubborn.1), 4, "exactly max_attempts attempts");
+    assert_eq!(report.stats.retries, 3);
+    let dead = bed.dead_letters(1).await.expect("dead letters readable");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(header(&dead[0], DL_CAUSE), "retries-exhausted");
+    assert_eq!(header(&dead[0], DL_ERROR_CLASS), "transient");
+    assert_eq!(header(&dead[0], DL_ATTEMPTS), "4");
+}
+
+fn min_offsets(offsets: &[(SourceId, Offset)]) -> BTreeMap<SourceId, Offset> {
+    let mut min = BTreeMap::new();
+    for (s, o) in offsets {
+        let e = min.entry(s.clone()).or_insert(*o);
+        *e = (*e).min(*o);
+    }
+    min
+}
+
+/// A consumer crashes (no drain, no commit) mid-stream; its successor resumes after the
+/// committed watermark: nothing lost, nothing committed handled again, order intact.
+pub async fn crash_without_commit_redelivers_from_watermark(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 3).await;
+    let checker = Arc::new(OrderChecker::new());
+    let receipts = load(bed.as_ref(), &checker, "k", 12, 50).await;
+    let plan = FaultPlan {
+        latency: Latency::Uniform(Duration::ZERO, Duration::from_millis(1)),
+        ..FaultPlan::default()
+    };
+    let first = Arc::new(ProbeHandler::with_faults(checker.clone(), plan.clone()));
+    let mut config = test_config(bed.group());
+    config.commit_every = 50;
+    let consumer = start(bed.dead_letter_sink(), first.clone(), config.clone(), subscribe(bed.as_ref()).await);
+    assert!(checker.wait_for(LIMIT, |c| c.finished() >= 300).await, "first consumer made no progress");
+    consumer.abort().await;
+    let at_crash = committed(bed.as_ref()).await;
+    let handled_before = checker.finished();
+    assert!(handled_before < receipts.len() as u64, "the crash must happen mid-stream");
+
+    let second = Arc::new(ProbeHandler::with_faults(checker.clone(), plan).recording_offsets());
+    let consumer = start(bed.dead_letter_sink(), second.clone(), config, subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "after crash").await;
+    stop(consumer).await;
+    assert_clean(&checker.report(), "after crash");
+    for (source, min) in min_offsets(&second.handled_offsets()) {
+        if let Some(w) = at_crash.get(&source) {
+            assert!(min > *w, "{source}: offset {min} at or below the committed watermark {w} was handled again");
+        }
+    }
+    assert_eq!(committed(bed.as_ref()).await, last_offsets(&receipts), "everything committed at the end");
+}
+
+/// A consumer that stopped gracefully committed everything: its successor handles only new
+/// messages.
+pub async fn restart_redelivers_nothing_committed(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 3).await;
+    let checker = Arc::new(OrderChecker::new());
+    let first_load = load(bed.as_ref(), &checker, "k", 10, 30).await;
+    let consumer = start(
+        bed.dead_letter_sink(),
+        ProbeHandler::new(checker.clone()),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
+    wait_complete(&checker, "first run").await;
+    stop(consumer).await;
+    let after_first = committed(bed.as_ref()).await;
+    assert_eq!(after_first, last_offsets(&first_load), "graceful stop committed every source's end");
+
+    let second_load = load(bed.as_ref(), &checker, "k", 10, 30).await;
+    let second = Arc::new(ProbeHandler::new(checker.clone()).recording_offsets());
+    let consumer = start(bed.dead_letter_sink(), second.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "second run").await;
+    stop(consumer).await;
+    let check = checker.report();
+    assert_clean(&check, "restart");
+    assert_eq!(check.duplicates, 0, "nothing committed was redelivered: {check:#?}");
+    assert_eq!(second.handled_offsets().len(), second_load.len());
+}
+
+/// A second consumer joins mid-stream, then the first leaves: sources move twice with
+/// in-flight work drained and committed in between.
+pub async fn rebalance_two_consumers_mid_stream(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 4).await;
+    let checker = Arc::new(OrderChecker::new());
+    let plan = FaultPlan {
+        latency: Latency::Uniform(Duration::ZERO, Duration::from_millis(1)),
+        ..FaultPlan::default()
+    };
+    let a = Arc::new(ProbeHandler::with_faults(checker.clone(), plan.clone()));
+    let b = Arc::new(ProbeHandler::with_faults(checker.clone(), plan));
+    load(bed.as_ref(), &checker, "k", 20, 20).await;
+    let first = start(bed.dead_letter_sink(), a.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    assert!(checker.wait_for(LIMIT, |c| c.finished() >= 100).await);
+    let second = start(bed.dead_letter_sink(), b.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    load(bed.as_ref(), &checker, "k", 20, 20).await;
+    assert!(checker.wait_for(LIMIT, |c| c.finished() >= 600).await);
+    stop(first).await;
+    load(bed.as_ref(), &checker, "k", 20, 20).await;
+    wait_complete(&checker, "rebalance").await;
+    stop(second).await;
+    assert_clean(&checker.report(), "rebalance");
+    assert!(a.calls() > 0 && b.calls() > 0, "both consumers worked: {} / {}", a.calls(), b.calls());
+}
+
+/// A slow handler behind a fast producer: the engine pauses fetching instead of buffering
+/// without bound, and nothing is dropped.
+pub async fn slow_handler_fast_producer_bounded_memory(target: &dyn ConformanceTarget) {
+    let partitions = 4;
+    let bed = bed(target, partitions).await;
+    let checker = Arc::new(OrderChecker::new());
+    let plan = FaultPlan {
+        latency: Latency::Fixed(Duration::from_millis(1)),
+        ..FaultPlan::default()
+    };
+    let mut config = test_config(bed.group());
+    config.back_pressure = BackPressure {
+        source_high: 20,
+        source_low: 10,
+        total_high: 40,
+        total_low: 20,
+    };
+    let consumer = start(
+        bed.dead_letter_sink(),
+        ProbeHandler::with_faults(checker.clone(), plan),
+        config.clone(),
+        subscribe(bed.as_ref()).await,
+    );
+    load(bed.as_ref(), &checker, "k", 50, 20).await;
+    wait_complete(&checker, "bounded memory").await;
+    let report = stop(consumer).await;
+    assert_clean(&checker.report(), "bounded memory");
+    let bound = config.back_pressure.total_high + target.capabilities().max_prefetch;
+    assert!(report.stats.peak_held <= bound, "held {} messages at once, bound {bound}", report.stats.peak_held);
+    assert!(report.stats.pauses > 0, "back-pressure must have paused fetching");
+}
+
+/// A graceful shutdown commits the final watermarks even when no timer commit happened.
+pub async fn graceful_shutdown_commits(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 3).await;
+    let checker = Arc::new(OrderChecker::new());
+    let receipts = load(bed.as_ref(), &checker, "k", 10, 30).await;
+    let mut config = test_config(bed.group());
+    config.commit_interval = Duration::from_secs(3600);
+    config.commit_every = usize::MAX;
+    let consumer = start(bed.dead_letter_sink(), ProbeHandler::new(checker.clone()), config, subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "shutdown").await;
+    assert!(committed(bed.as_ref()).await.is_empty(), "no commit before shutdown with these settings");
+    let report = stop(consumer).await;
+    let expected = last_offsets(&receipts);
+    assert_eq!(committed(bed.as_ref()).await, expected);
+    assert_eq!(report.committed, expected);
+}
+
+/// Undecodable payloads are dead-lettered with reason `malformed` while their lanes go on.
+pub async fn malformed_payload_dead_letters(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 2).await;
+    let checker = Arc::new(OrderChecker::new());
+    let publisher = bed.publisher();
+    let mut garbage = 0;
+    for round in 0..10 {
+        for k in 0..5 {
+            let key = probe_key("k", k);
+            probe::publish_probe(publisher.as_ref(), &checker, key.clone()).await.expect("publish");
+            if (round + k) % 4 == 0 {
+                publisher
+                    .publish(OutgoingMessage::new(key, "{not json"))
+                    .await
+                    .expect("publish garbage");
+                garbage += 1;
+            }
+        }
+    }
+    let probe_checker = checker.clone();
+    // The typed layer decodes JSON (a probe payload is a JSON number) before the handler runs.
+    let handler = typed(move |seq: u64, d: Delivery| {
+        let checker = probe_checker.clone();
+        async move {
+            let key = d.key().cloned().unwrap_or_default();
+            let _guard = checker.enter(&key);
+            checker.handled(&key, seq, None);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
+    let consumer = start(sink.clone(), handler, test_config(bed.group()), subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "malformed").await;
+    assert!(checker.wait_for(LIMIT, |_| sink.recorded().len() >= garbage).await);
+    stop(consumer).await;
+    assert_clean(&checker.report(), "malformed");
+    let dead = bed.dead_letters(garbage).await.expect("dead letters readable");
+    assert_eq!(dead.len(), garbage);
+    for m in dead {
+        assert_eq!(&m.payload[..], b"{not json", "original payload kept");
+        assert_eq!(header(&m, DL_CAUSE), "malformed");
+        assert!(header(&m, DL_ERROR).contains("not valid JSON"));
+    }
+}
+
+/// The same event published twice (same event id) is handled once; both copies are committed.
+pub async fn duplicate_delivery_skipped(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 2).await;
+    let checker = Arc::new(OrderChecker::new());
+    let publisher = bed.publisher();
+    let mut receipts = Vec::new();
+    let mut republished = 0u64;
+    for round in 0..20 {
+        for k in 0..5 {
+            let key = probe_key("k", k);
+            let seq = checker.expect(&key);
+            let message = OutgoingMessage::new(key.clone(), seq.to_string())
+                .event_id(format!("evt-{}-{seq}", String::from_utf8_lossy(&key)));
+            receipts.push(publisher.publish(message.clone()).await.expect("publish"));
+            if (round * 5 + k) % 4 == 0 {
+                // A producer retry: the same event again.
+                receipts.push(publisher.publish(message).await.expect("publish"));
+                republished += 1;
+            }
+        }
+    }
+    let handler = Arc::new(ProbeHandler::new(checker.clone()).counting_calls());
+    let consumer = start(bed.dead_letter_sink(), handler.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    wait_complete(&checker, "duplicates").await;
+    // Wait for the engine to also finish the trailing copies before stopping.
+    let expected = last_offsets(&receipts);
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while committed(bed.as_ref()).await != expected && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let report = stop(consumer).await;
+    let check = checker.report();
+    assert_clean(&check, "duplicates");
+    assert_eq!(check.duplicates, 0, "a re-published event was handled again: {check:#?}");
+    assert_eq!(report.stats.duplicates, republished);
+    assert_eq!(handler.calls(), 100);
+    assert_eq!(committed(bed.as_ref()).await, expected, "skipped copies are finished and committed too");
+}
+
+/// One key's handler hangs; every other key is handled meanwhile. Released, it finishes too.
+pub async fn hot_key_does_not_stall_others(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 2).await;
+    let checker = Arc::new(OrderChecker::new());
+    let mut plan = FaultPlan::default();
+    let latch = plan.hold_key(probe_key("k", 0));
+    load(bed.as_ref(), &checker, "k", 20, 20).await;
+    let consumer = start(
+        bed.dead_letter_sink(),
+        ProbeHandler::with_faults(checker.clone(), plan),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
+    assert!(
+        checker.wait_for(LIMIT, |c| c.finished() >= 380).await,
+        "other keys stalled behind the hot key: {:?}",
+        checker.report()
+    );
+    assert_eq!(checker.finished(), 380, "the held key finished nothing while held");
+    latch.release();
+    wait_complete(&checker, "hot key").await;
+    stop(consumer).await;
+    assert_clean(&checker.report(), "hot key");
+}

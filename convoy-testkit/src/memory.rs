@@ -1,0 +1,160 @@
+//! The memory transport as a conformance and benchmark target.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use convoy_core::{DeadLetterSink, Message, Offset, Publisher, SourceEvent, SourceId, Subscription, Transport, TransportError};
+
+use crate::broker::MemoryBroker;
+use crate::conformance::{Capabilities, ConformanceTarget, TestBed};
+use crate::transport::{MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
+
+/// Largest batch the memory broker hands out per partition in conformance runs.
+const CONFORMANCE_BATCH: usize = 32;
+
+/// Fresh topics and groups on one in-memory broker.
+pub struct MemoryTarget {
+    broker: MemoryBroker,
+    beds: AtomicU64,
+}
+
+impl Default for MemoryTarget {
+    fn default() -> Self {
+        MemoryTarget::new()
+    }
+}
+
+impl MemoryTarget {
+    /// A target over a new broker with small fetch batches (so back-pressure bounds are tight).
+    pub fn new() -> Self {
+        let broker = MemoryBroker::new();
+        broker.set_faults(|f| f.max_batch = CONFORMANCE_BATCH);
+        MemoryTarget {
+            broker,
+            beds: AtomicU64::new(0),
+        }
+    }
+
+    /// A target over an existing broker (its faults are left as they are).
+    pub fn on(broker: MemoryBroker) -> Self {
+        MemoryTarget {
+            broker,
+            beds: AtomicU64::new(0),
+        }
+    }
+
+    /// The broker, for fault injection.
+    pub fn broker(&self) -> &MemoryBroker {
+        &self.broker
+    }
+
+    /// A fresh topic with `partitions` partitions, its group and dead-letter topic.
+    pub fn memory_bed(&self, partitions: u32) -> MemoryBed {
+        let n = self.beds.fetch_add(1, Relaxed);
+        let topic = format!("convoy-test-{n}");
+        self.broker.create_topic(&topic, partitions);
+        let dlq = format!("{topic}.dlq");
+        MemoryBed {
+            publisher: Arc::new(MemoryPublisher::new(&self.broker, &topic)),
+            sink: Arc::new(MemoryDeadLetterSink::new(&self.broker, &dlq)),
+            transport: MemoryTransport::new(&self.broker, format!("group-{n}"), &[topic.as_str()]),
+            broker: self.broker.clone(),
+            group: format!("group-{n}"),
+            topic,
+            dlq,
+        }
+    }
+}
+
+/// One isolated topic + group + dead-letter topic on the memory broker.
+pub struct MemoryBed {
+    broker: MemoryBroker,
+    topic: String,
+    group: String,
+    dlq: String,
+    publisher: Arc<MemoryPublisher>,
+    sink: Arc<MemoryDeadLetterSink>,
+    transport: MemoryTransport,
+}
+
+impl MemoryBed {
+    /// The topic name.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Drains the topic with a bare group member and no engine (the benchmark baseline):
+    /// returns the messages read once `expected` arrived, or fewer if `limit` passed.
+    pub async fn bare_drain(&self, expected: u64, limit: Duration, mut each: impl FnMut(&Message)) -> u64 {
+        let n = self.broker.members(&self.group).len();
+        let bare = MemoryTransport::new(&self.broker, format!("{}-bare-{n}", self.group), &[self.topic.as_str()]);
+        let Ok(mut sub) = bare.subscribe().await else { return 0 };
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut seen = 0u64;
+        while seen < expected {
+            match tokio::time::timeout_at(deadline, sub.events.recv()).await {
+                Ok(Some(SourceEvent::Messages { messages, .. })) => {
+                    for m in &messages {
+                        each(m);
+                    }
+                    seen += messages.len() as u64;
+                }
+                Ok(Some(SourceEvent::Revoked { ack, .. })) => ack.done(),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let _ = sub.control.close().await;
+        seen
+    }
+}
+
+#[async_trait]
+impl TestBed for MemoryBed {
+    fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
+    }
+
+    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
+        self.sink.clone()
+    }
+
+    fn group(&self) -> &str {
+        &self.group
+    }
+
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        self.transport.subscribe().await
+    }
+
+    async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let all = self.broker.read_all(&self.dlq);
+            if all.len() >= expected || tokio::time::Instant::now() >= deadline {
+                return Ok(all);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError> {
+        Ok(self.broker.committed(&self.group))
+    }
+}
+
+#[async_trait]
+impl ConformanceTarget for MemoryTarget {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            max_prefetch: (crate::broker::EVENT_CAPACITY + 1) * CONFORMANCE_BATCH,
+        }
+    }
+
+    async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError> {
+        Ok(Box::new(self.memory_bed(partitions)))
+    }
+}

@@ -1,0 +1,376 @@
+//! Test messages and the handlers that check them.
+//!
+//! A probe message carries its per-key sequence number as its payload (ASCII decimal, which is
+//! also valid JSON), so a handler can tell the checker exactly which message it handled.
+//! [`ProbeHandler`] records into an [`OrderChecker`] and injects faults from a [`FaultPlan`]:
+//! transient or terminal errors at a rate or on chosen messages, panics, latency, and keys
+//! held until released (hangs).
+
+use std::collections::HashSet;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{BufMut, Bytes, BytesMut};
+use convoy_core::{
+    DeadLetter, DeadLetterSink, Delivery, Handler, HandlerError, Offset, OutgoingMessage, Publisher, Receipt, SourceId,
+    TransportError,
+};
+use tokio::sync::Notify;
+
+use crate::checker::OrderChecker;
+
+/// The sequence number a probe payload carries, if it is one.
+pub fn decode_seq(payload: &[u8]) -> Option<u64> {
+    if payload.is_empty() || payload.len() > 20 {
+        return None;
+    }
+    payload.iter().try_fold(0u64, |acc, b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
+        acc.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+/// The probe key for key number `i` of a run (`k{i}`, or `{prefix}{i}`).
+pub fn probe_key(prefix: &str, i: usize) -> Bytes {
+    Bytes::from(format!("{prefix}{i}"))
+}
+
+/// Publishes `per_key` messages for each of `keys` keys, interleaved round-robin (k0 k1 … k0 k1 …),
+/// registering each with the checker. Returns the receipts in publish order.
+pub async fn publish_load(
+    publisher: &dyn Publisher,
+    checker: &OrderChecker,
+    prefix: &str,
+    keys: usize,
+    per_key: usize,
+) -> Result<Vec<Receipt>, TransportError> {
+    let mut receipts = Vec::with_capacity(keys * per_key);
+    for _ in 0..per_key {
+        for k in 0..keys {
+            let key = probe_key(prefix, k);
+            receipts.push(publish_probe(publisher, checker, key).await?);
+        }
+    }
+    Ok(receipts)
+}
+
+/// Publishes the next probe message of `key`.
+pub async fn publish_probe(publisher: &dyn Publisher, checker: &OrderChecker, key: Bytes) -> Result<Receipt, TransportError> {
+    let seq = checker.expect(&key);
+    publisher.publish(OutgoingMessage::new(key, seq.to_string())).await
+}
+
+/// Builds many probe messages with few allocations: keys and payloads are slices of shared
+/// chunks, so a million messages cost a few hundred allocations, not millions.
+pub fn probe_batch(checker: &OrderChecker, prefix: &str, keys: usize, from: usize, count: usize) -> Vec<OutgoingMessage> {
+    let mut buf = BytesMut::with_capacity(count * (prefix.len() + 16));
+    let mut spans = Vec::with_capacity(count);
+    for i in from..from + count {
+        let start = buf.len();
+        buf.put_slice(prefix.as_bytes());
+        buf.put_slice((i % keys.max(1)).to_string().as_bytes());
+        spans.push((start, buf.len()));
+    }
+    let keys_buf = buf.freeze();
+    let mut out = Vec::with_capacity(count);
+    let mut payloads = BytesMut::with_capacity(count * 8);
+    let mut payload_spans = Vec::with_capacity(count);
+    for &(s, e) in &spans {
+        let key = keys_buf.slice(s..e);
+        let seq = checker.expect(&key);
+        let start = payloads.len();
+        payloads.put_slice(seq.to_string().as_bytes());
+        payload_spans.push((key, start, payloads.len()));
+    }
+    let payloads = payloads.freeze();
+    for (key, s, e) in payload_spans {
+        out.push(OutgoingMessage {
+            key: Some(key),
+            payload: payloads.slice(s..e),
+            headers: convoy_core::Headers::new(),
+        });
+    }
+    out
+}
+
+/// A gate a handler waits at until released; see [`FaultPlan::hold_key`].
+#[derive(Default, Debug)]
+pub struct Latch {
+    open: AtomicBool,
+    notify: Notify,
+}
+
+impl Latch {
+    /// Opens the latch: waiting handlers go on, later ones pass straight through.
+    pub fn release(&self) {
+        self.open.store(true, Relaxed);
+        self.notify.notify_waiters();
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.open.load(Relaxed) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Handler latency.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Latency {
+    /// Return at once.
+    #[default]
+    None,
+    /// Always this long (an async timer, not CPU).
+    Fixed(Duration),
+    /// Uniform in `[min, max]`, chosen per message deterministically.
+    Uniform(Duration, Duration),
+}
+
+/// Which faults a [`ProbeHandler`] injects. Choices are a deterministic function of the seed,
+/// key and sequence number, so a run can be repeated exactly.
+#[derive(Clone, Debug, Default)]
+pub struct FaultPlan {
+    /// Seed for the per-message choices.
+    pub seed: u64,
+    /// Fraction of messages that fail transiently on their first `transient_attempts` attempts.
+    pub transient_rate: f64,
+    /// How many attempts a transiently failing message fails.
+    pub transient_attempts: u32,
+    /// Fraction of messages that fail terminally.
+    pub terminal_rate: f64,
+    /// Fraction of messages whose handler panics.
+    pub panic_rate: f64,
+    /// These (key, seq) fail terminally.
+    pub terminal_on: HashSet<(Bytes, u64)>,
+    /// These (key, seq) fail transiently on every attempt.
+    pub transient_forever: HashSet<(Bytes, u64)>,
+    /// Latency per call.
+    pub latency: Latency,
+    /// Handlers of this key wait at the latch until it is released.
+    pub hold: Option<(Bytes, Arc<Latch>)>,
+}
+
+impl FaultPlan {
+    /// Holds every message of `key` until the returned latch is released.
+    pub fn hold_key(&mut self, key: Bytes) -> Arc<Latch> {
+        let latch = Arc::new(Latch::default());
+        self.hold = Some((key, latch.clone()));
+        latch
+    }
+
+    /// True when the plan makes this message fail transiently (on its first attempts).
+    pub fn fails_transiently(&self, key: &[u8], seq: u64) -> bool {
+        self.transient_rate > 0.0 && self.roll(4, key, seq) < self.transient_rate
+    }
+
+    fn roll(&self, salt: u64, key: &[u8], seq: u64) -> f64 {
+        let h = foldhash::fast::FixedState::with_seed(self.seed ^ salt).hash_one((key, seq));
+        (h >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Records handled probes in an [`OrderChecker`], injecting the faults of a [`FaultPlan`].
+pub struct ProbeHandler {
+    checker: Arc<OrderChecker>,
+    plan: FaultPlan,
+    calls: AtomicU64,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    calls_by_message: Mutex<Option<std::collections::HashMap<(Bytes, u64), u32>>>,
+    offsets: Mutex<Option<Vec<(SourceId, Offset)>>>,
+}
+
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+impl ProbeHandler {
+    /// A handler that records into `checker` and injects nothing.
+    pub fn new(checker: Arc<OrderChecker>) -> Self {
+        ProbeHandler::with_faults(checker, FaultPlan::default())
+    }
+
+    /// A handler injecting `plan`'s faults.
+    pub fn with_faults(checker: Arc<OrderChecker>, plan: FaultPlan) -> Self {
+        ProbeHandler {
+            checker,
+            plan,
+            calls: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            calls_by_message: Mutex::new(None),
+            offsets: Mutex::new(None),
+        }
+    }
+
+    /// Also counts calls per (key, seq), for [`calls_for`](Self::calls_for).
+    pub fn counting_calls(self) -> Self {
+        *self.calls_by_message.lock().unwrap_or_else(|p| p.into_inner()) = Some(Default::default());
+        self
+    }
+
+    /// Also records the (source, offset) of every message it handled successfully.
+    pub fn recording_offsets(self) -> Self {
+        *self.offsets.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+        self
+    }
+
+    /// The (source, offset) of each message handled successfully, in completion order
+    /// (needs [`recording_offsets`](Self::recording_offsets)).
+    pub fn handled_offsets(&self) -> Vec<(SourceId, Offset)> {
+        self.offsets.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default()
+    }
+
+    /// Handler calls so far (every attempt).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Relaxed)
+    }
+
+    /// The most calls that ran at once (parallelism actually reached).
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Relaxed)
+    }
+
+    /// Calls made for one message (needs [`counting_calls`](Self::counting_calls)).
+    pub fn calls_for(&self, key: &[u8], seq: u64) -> u32 {
+        self.calls_by_message
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|m| m.get(&(Bytes::copy_from_slice(key), seq)).copied())
+            .unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl Handler for ProbeHandler {
+    async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Relaxed);
+        let key = delivery.key().cloned().unwrap_or_default();
+        let seq = decode_seq(delivery.payload()).ok_or_else(|| HandlerError::malformed("payload is not a probe sequence number"))?;
+        if let Some(counts) = self.calls_by_message.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            *counts.entry((key.clone(), seq)).or_default() += 1;
+        }
+        let _key_guard = self.checker.enter(&key);
+        let now = self.in_flight.fetch_add(1, Relaxed) + 1;
+        self.max_in_flight.fetch_max(now, Relaxed);
+        let _in_flight = InFlight(&self.in_flight);
+        let plan = &self.plan;
+        match plan.latency {
+            Latency::None => {}
+            Latency::Fixed(d) => tokio::time::sleep(d).await,
+            Latency::Uniform(min, max) => {
+                let span = max.saturating_sub(min);
+                tokio::time::sleep(min + span.mul_f64(plan.roll(1, &key, seq))).await;
+            }
+        }
+        if let Some((held, latch)) = &plan.hold {
+            if *held == key {
+                latch.wait().await;
+            }
+        }
+        let id = (key.clone(), seq);
+        if plan.terminal_on.contains(&id) || (plan.terminal_rate > 0.0 && plan.roll(2, &key, seq) < plan.terminal_rate) {
+            return Err(HandlerError::terminal(format!("injected terminal failure of seq {seq}")));
+        }
+        if plan.panic_rate > 0.0 && plan.roll(3, &key, seq) < plan.panic_rate {
+            panic!("injected panic on seq {seq}");
+        }
+        if plan.transient_forever.contains(&id)
+            || (delivery.attempt() <= plan.transient_attempts && plan.fails_transiently(&key, seq))
+        {
+            return Err(HandlerError::transient(format!(
+                "injected transient failure of seq {seq}, attempt {}",
+                delivery.attempt()
+            )));
+        }
+        if let Some(offsets) = self.offsets.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            offsets.push((delivery.source().clone(), delivery.offset()));
+        }
+        self.checker.handled(&key, seq, Some(delivery.received().elapsed()));
+        Ok(())
+    }
+}
+
+/// Wraps a dead-letter sink: once the inner sink confirmed, records the dead letter in the
+/// checker and keeps a copy for assertions.
+pub struct RecordingSink {
+    inner: Arc<dyn DeadLetterSink>,
+    checker: Arc<OrderChecker>,
+    recorded: Mutex<Vec<DeadLetter>>,
+}
+
+impl RecordingSink {
+    /// Records what `inner` confirmed.
+    pub fn new(inner: Arc<dyn DeadLetterSink>, checker: Arc<OrderChecker>) -> Self {
+        RecordingSink {
+            inner,
+            checker,
+            recorded: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Dead letters confirmed so far.
+    pub fn recorded(&self) -> Vec<DeadLetter> {
+        self.recorded.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[async_trait]
+impl DeadLetterSink for RecordingSink {
+    async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
+        self.inner.publish(dead_letter).await?;
+        let m = &dead_letter.message;
+        let key = m.key.clone().unwrap_or_default();
+        match decode_seq(&m.payload) {
+            Some(seq) => self.checker.dead_lettered(&key, seq),
+            None => {
+                // A non-probe payload (e.g. a malformed-input test): registered by its own test.
+            }
+        }
+        self.recorded.lock().unwrap_or_else(|p| p.into_inner()).push(dead_letter.clone());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seq_round_trip_and_rejects() {
+        assert_eq!(decode_seq(b"0"), Some(0));
+        assert_eq!(decode_seq(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(decode_seq(b"18446744073709551616"), None);
+        assert_eq!(decode_seq(b""), None);
+        assert_eq!(decode_seq(b"{\"x\":1}"), None);
+    }
+
+    #[test]
+    fn probe_batch_registers_in_key_order() {
+        let c = OrderChecker::new();
+        let batch = probe_batch(&c, "k", 3, 0, 7);
+        let got: Vec<(String, u64)> = batch
+            .iter()
+            .map(|m| (String::from_utf8_lossy(m.key.as_ref().unwrap()).into_owned(), decode_seq(&m.payload).unwrap()))
+            .collect();
+        assert_eq!(got[0], ("k0".into(), 0));
+        assert_eq!(got[3], ("k0".into(), 1));
+        assert_eq!(got[6], ("k0".into(), 2));
+        assert_eq!(got[5], ("k2".into(), 1));
+        assert_eq!(c.published(), 7);
+    }
+}

@@ -1,0 +1,1 @@
+//! Scenario runner (placeholder while building).

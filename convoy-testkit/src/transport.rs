@@ -1,0 +1,137 @@
+//! The memory transport: convoy's transport contract over [`MemoryBroker`], so handler tests
+//! need no broker process.
+
+use async_trait::async_trait;
+use convoy_core::{
+    Commit, DeadLetter, DeadLetterSink, Offset, OutgoingMessage, Publisher, Receipt, SourceControl, SourceId,
+    Subscription, Transport, TransportError,
+};
+
+use crate::broker::MemoryBroker;
+
+/// Subscribes group members to topics of a [`MemoryBroker`].
+#[derive(Clone)]
+pub struct MemoryTransport {
+    broker: MemoryBroker,
+    group: String,
+    topics: Vec<String>,
+}
+
+impl MemoryTransport {
+    /// A transport for `group` consuming `topics`.
+    pub fn new(broker: &MemoryBroker, group: impl Into<String>, topics: &[&str]) -> Self {
+        MemoryTransport {
+            broker: broker.clone(),
+            group: group.into(),
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for MemoryTransport {
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        let (member, events) = self.broker.join(&self.group, &self.topics)?;
+        Ok(Subscription {
+            events,
+            control: Box::new(MemoryControl {
+                broker: self.broker.clone(),
+                member,
+            }),
+        })
+    }
+}
+
+/// Flow control and commits of one member. Dropping it leaves the group (a crash, if the
+/// engine did not commit first).
+struct MemoryControl {
+    broker: MemoryBroker,
+    member: u64,
+}
+
+#[async_trait]
+impl SourceControl for MemoryControl {
+    fn pause(&self, sources: &[SourceId]) -> Result<(), TransportError> {
+        self.broker.set_paused(self.member, sources, true)
+    }
+
+    fn resume(&self, sources: &[SourceId]) -> Result<(), TransportError> {
+        self.broker.set_paused(self.member, sources, false)
+    }
+
+    async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {
+        self.broker.commit(self.member, commits)
+    }
+
+    async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
+        self.broker.last_offsets(sources)
+    }
+
+    fn wants_finished_above(&self) -> bool {
+        true
+    }
+
+    async fn close(&self) -> Result<(), TransportError> {
+        self.broker.leave(self.member);
+        Ok(())
+    }
+}
+
+impl Drop for MemoryControl {
+    fn drop(&mut self) {
+        self.broker.leave(self.member);
+    }
+}
+
+/// Publishes to one topic; keys pick partitions with Kafka's murmur2.
+#[derive(Clone)]
+pub struct MemoryPublisher {
+    broker: MemoryBroker,
+    topic: String,
+}
+
+impl MemoryPublisher {
+    /// A publisher to `topic`.
+    pub fn new(broker: &MemoryBroker, topic: impl Into<String>) -> Self {
+        MemoryPublisher {
+            broker: broker.clone(),
+            topic: topic.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl Publisher for MemoryPublisher {
+    async fn publish(&self, message: OutgoingMessage) -> Result<Receipt, TransportError> {
+        self.broker.publish(&self.topic, message)
+    }
+}
+
+/// Dead letters to a topic of the memory broker (created with one partition if missing).
+#[derive(Clone)]
+pub struct MemoryDeadLetterSink {
+    broker: MemoryBroker,
+    topic: String,
+}
+
+impl MemoryDeadLetterSink {
+    /// A sink writing to `topic`.
+    pub fn new(broker: &MemoryBroker, topic: impl Into<String>) -> Self {
+        let topic = topic.into();
+        broker.create_topic(&topic, 1);
+        MemoryDeadLetterSink {
+            broker: broker.clone(),
+            topic,
+        }
+    }
+}
+
+#[async_trait]
+impl DeadLetterSink for MemoryDeadLetterSink {
+    async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
+        if self.broker.take_dead_letter_failure() {
+            return Err(TransportError::Unavailable("injected dead-letter failure".into()));
+        }
+        self.broker.publish(&self.topic, dead_letter.to_outgoing()).map(|_| ())
+    }
+}
