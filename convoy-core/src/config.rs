@@ -57,10 +57,10 @@ pub struct BackPressure {
 impl Default for BackPressure {
     fn default() -> Self {
         BackPressure {
-            source_high: 10_000,
-            source_low: 5_000,
-            total_high: 40_000,
-            total_low: 20_000,
+            source_high: 4_000,
+            source_low: 2_000,
+            total_high: 16_000,
+            total_low: 8_000,
         }
     }
 }

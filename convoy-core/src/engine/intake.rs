@@ -36,7 +36,10 @@ struct SourceState {
     skip_next: usize,
     held: usize,
     gate: Gate,
-    fetch_paused: bool,
+    /// What the transport was last told; `None` right after an assignment, so the desired
+    /// state is always re-applied (a transport may keep a pause flag from an earlier
+    /// assignment of the same source, as librdkafka does).
+    fetch_paused: Option<bool>,
     committed: Option<Offset>,
     dirty: bool,
     /// The lowest unfinished message and since when it has been the lowest.
@@ -64,6 +67,7 @@ pub(crate) struct Intake {
     stats: Arc<EngineStats>,
     metrics: IntakeMetrics,
     signals: watch::Receiver<u8>,
+    signals_open: bool,
 }
 
 pub(crate) struct IntakeParts {
@@ -100,6 +104,7 @@ impl Intake {
             routes: (0..shard_count).map(|_| Vec::new()).collect(),
             stats: parts.stats,
             signals: parts.signals,
+            signals_open: true,
         }
     }
 
@@ -112,13 +117,16 @@ impl Intake {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Read the signal count itself, not just change notifications: a drain may already
+            // have observed the change.
+            if self.signal_count() > 0 {
+                break;
+            }
             tokio::select! {
                 biased;
-                changed = self.signals.changed() => {
-                    // A dropped handle (Err) means nobody can ask for shutdown any more: run on.
-                    if changed.is_ok() && *self.signals.borrow() > 0 {
-                        break;
-                    }
+                changed = self.signals.changed(), if self.signals_open => {
+                    // A dropped handle means nobody can ask for shutdown any more: run on.
+                    self.signals_open = changed.is_ok();
                 }
                 Some(batch) = self.completions.recv() => self.on_completions(batch),
                 event = self.events.recv() => match event {
@@ -135,6 +143,10 @@ impl Intake {
             }
         }
         self.shutdown().await
+    }
+
+    fn signal_count(&self) -> u8 {
+        *self.signals.borrow()
     }
 
     fn state(&mut self, slot: u32) -> Option<&mut SourceState> {
@@ -273,8 +285,8 @@ impl Intake {
         for state in self.sources.iter_mut().flatten() {
             state.gate.update(state.held);
             let want = total_paused || state.gate.is_paused();
-            if want != state.fetch_paused {
-                state.fetch_paused = want;
+            if state.fetch_paused != Some(want) {
+                state.fetch_paused = Some(want);
                 if want {
                     pause.push(state.id.clone());
                 } else {
@@ -295,7 +307,7 @@ impl Intake {
                 tracing::warn!(error = %e, "resuming fetch failed");
             }
         }
-        let paused = self.sources.iter().flatten().filter(|s| s.fetch_paused).count();
+        let paused = self.sources.iter().flatten().filter(|s| s.fetch_paused == Some(true)).count();
         self.stats.intake.paused_sources.store(paused, Relaxed);
         self.metrics.paused_sources.set(paused as f64);
     }
@@ -322,7 +334,7 @@ impl Intake {
             skip_next: 0,
             held: 0,
             gate: Gate::new(bp.source_high, bp.source_low),
-            fetch_paused: false,
+            fetch_paused: None,
             committed: a.committed,
             dirty: false,
             head_since: None,
@@ -438,8 +450,9 @@ impl Intake {
                     tracing::warn!(remaining, "drain timeout reached; cancelling unfinished messages (they stay uncommitted and are redelivered)");
                     return false;
                 }
-                changed = self.signals.changed() => {
-                    if changed.is_ok() && *self.signals.borrow() > 1 {
+                changed = self.signals.changed(), if self.signals_open => {
+                    self.signals_open = changed.is_ok();
+                    if self.signal_count() > 1 {
                         tracing::warn!(remaining, "second shutdown signal: aborting the drain");
                         return false;
                     }

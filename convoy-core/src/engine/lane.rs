@@ -88,6 +88,7 @@ pub(crate) async fn process(
         key = %message.key_display(),
         source = %message.source,
         offset = message.offset,
+        attempt = field::Empty,
         trace_id = field::Empty,
         parent_span_id = field::Empty,
     );
@@ -97,7 +98,7 @@ pub(crate) async fn process(
             span.record("parent_span_id", parent.span_id_hex());
         }
     }
-    handle_to_the_end(&ctx, &stats, message, received)
+    handle_to_the_end(&ctx, &stats, message, received, span.clone())
         .instrument(span)
         .await
 }
@@ -107,6 +108,7 @@ async fn handle_to_the_end(
     stats: &ShardStats,
     message: Arc<Message>,
     received: Instant,
+    span: tracing::Span,
 ) -> Outcome {
     ctx.metrics.queue_time.record(received.elapsed().as_secs_f64());
     let event_id = ctx.idempotency.as_ref().map(|_| message.event_id());
@@ -124,10 +126,9 @@ async fn handle_to_the_end(
     let mut rng: Option<fastrand::Rng> = None;
     let mut reported_exhausted = false;
     let outcome = loop {
+        span.record("attempt", attempt);
         let started = Instant::now();
-        let result = attempt_once(ctx, Delivery::received_at(message.clone(), attempt, received))
-            .instrument(tracing::debug_span!("convoy.attempt", attempt))
-            .await;
+        let result = attempt_once(ctx, Delivery::received_at(message.clone(), attempt, received)).await;
         ctx.metrics
             .handler_duration
             .record(started.elapsed().as_secs_f64());

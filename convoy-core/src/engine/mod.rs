@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 pub use stats::StatsSnapshot;
 
@@ -137,11 +137,12 @@ impl Engine {
         let (completions_tx, completions) = mpsc::unbounded_channel();
         let mut shard_tasks = JoinSet::new();
         let mut shards = Vec::with_capacity(shard_count);
+        let mut shard_aborts = Vec::with_capacity(shard_count);
         for shard_stats in &stats.shards {
             let (tx, rx) = mpsc::unbounded_channel();
             shards.push(tx);
             let shard = Shard::new(rx, completions_tx.clone(), self.context.clone(), shard_stats.clone());
-            shard_tasks.spawn(shard.run());
+            shard_aborts.push(shard_tasks.spawn(shard.run()));
         }
         let intake = Intake::new(IntakeParts {
             config: self.config.clone(),
@@ -155,6 +156,7 @@ impl Engine {
         EngineHandle {
             signals,
             task: tokio::spawn(intake.run()),
+            shard_aborts,
             stats,
         }
     }
@@ -169,6 +171,7 @@ impl Engine {
 pub struct EngineHandle {
     signals: watch::Sender<u8>,
     task: JoinHandle<EngineReport>,
+    shard_aborts: Vec<AbortHandle>,
     stats: Arc<EngineStats>,
 }
 
@@ -193,6 +196,14 @@ impl EngineHandle {
     /// Kills the engine at once, as a crash would: no drain, no commit, the subscription is
     /// dropped without closing. Its sources go back to the broker at their committed watermarks.
     pub async fn abort(self) {
+        // Shards first, and wait until they are gone: a dead process runs no handler, so no
+        // handler of this engine may still run once its sources are handed to another member.
+        for shard in &self.shard_aborts {
+            shard.abort();
+        }
+        while !self.shard_aborts.iter().all(AbortHandle::is_finished) {
+            tokio::task::yield_now().await;
+        }
         self.task.abort();
         let _ = self.task.await;
     }

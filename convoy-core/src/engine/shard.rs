@@ -5,6 +5,7 @@
 //! A lane exists only while its key has work: it is removed as soon as its queue empties,
 //! so memory follows the active keys, never every key ever seen.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -117,11 +118,53 @@ pub(crate) struct Shard {
     commands: mpsc::UnboundedReceiver<ShardCommand>,
     completions: mpsc::UnboundedSender<Vec<Completion>>,
     lanes: HashMap<LaneKey, Lane, foldhash::fast::RandomState>,
+    launcher: Launcher,
+    pending: Vec<Completion>,
+}
+
+/// Starts lane futures; kept apart from the lane map so both can be borrowed at once.
+struct Launcher {
     running: FuturesUnordered<Running>,
     ctx: Arc<LaneContext>,
     stats: Arc<ShardStats>,
-    pending: Vec<Completion>,
     next_ticket: u64,
+}
+
+impl Launcher {
+    /// Starts `work` as the in-flight message of its lane.
+    fn start(&mut self, work: Work) -> InFlight {
+        let message = Arc::new(work.message);
+        let future = lane::process(self.ctx.clone(), self.stats.clone(), message.clone(), work.received);
+        self.launch(work.lane, work.slot, work.epoch, work.seq, message, future)
+    }
+
+    fn launch(
+        &mut self,
+        lane: LaneKey,
+        slot: u32,
+        epoch: u64,
+        seq: Seq,
+        message: Arc<Message>,
+        future: impl Future<Output = Outcome> + Send + 'static,
+    ) -> InFlight {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let (abort, registration) = AbortHandle::new_pair();
+        self.running
+            .push(Box::pin(Abortable::new(future, registration).map(move |outcome| Finished {
+                lane,
+                ticket,
+                outcome,
+            })));
+        InFlight {
+            ticket,
+            slot,
+            epoch,
+            seq,
+            abort,
+            message,
+        }
+    }
 }
 
 impl Shard {
@@ -135,11 +178,13 @@ impl Shard {
             commands,
             completions,
             lanes: HashMap::default(),
-            running: FuturesUnordered::new(),
-            ctx,
-            stats,
+            launcher: Launcher {
+                running: FuturesUnordered::new(),
+                ctx,
+                stats,
+                next_ticket: 0,
+            },
             pending: Vec::new(),
-            next_ticket: 0,
         }
     }
 
@@ -148,7 +193,7 @@ impl Shard {
         loop {
             tokio::select! {
                 biased;
-                Some(finished) = self.running.next(), if !self.running.is_empty() => {
+                Some(finished) = self.launcher.running.next(), if !self.launcher.running.is_empty() => {
                     self.on_finished(finished);
                 }
                 command = self.commands.recv() => match command {
@@ -163,7 +208,7 @@ impl Shard {
                     self.on_command(command);
                     progressed = true;
                 }
-                while let Some(Some(finished)) = self.running.next().now_or_never() {
+                while let Some(Some(finished)) = self.launcher.running.next().now_or_never() {
                     self.on_finished(finished);
                     progressed = true;
                 }
@@ -177,7 +222,7 @@ impl Shard {
     }
 
     fn flush(&mut self) {
-        self.stats.lanes.store(self.lanes.len(), Relaxed);
+        self.launcher.stats.lanes.store(self.lanes.len(), Relaxed);
         if !self.pending.is_empty() {
             // The intake is gone only when the engine is shutting down; nothing to report then.
             let _ = self.completions.send(std::mem::take(&mut self.pending));
@@ -196,6 +241,11 @@ impl Shard {
             }
             ShardCommand::Cancel { epochs, reply } => {
                 self.cancel(&epochs);
+                // Aborted futures are dropped on their next poll: do it now, so no handler of
+                // a cancelled message is still alive when the intake hears back.
+                while let Some(Some(finished)) = self.launcher.running.next().now_or_never() {
+                    self.on_finished(finished);
+                }
                 let _ = reply.send(());
             }
             ShardCommand::Stuck { epoch, seq, waited } => self.stuck(epoch, seq, waited),
@@ -205,68 +255,38 @@ impl Shard {
     fn enqueue(&mut self, work: Work) {
         let lane = self.lanes.entry(work.lane.clone()).or_default();
         if lane.busy.is_none() && lane.queue.is_empty() {
-            let key = work.lane.clone();
-            self.start(key, work);
+            lane.busy = Some(self.launcher.start(work));
         } else {
             lane.queue.push_back(work);
         }
-    }
-
-    /// Starts `work` as the in-flight message of its lane (which must exist and be idle).
-    fn start(&mut self, key: LaneKey, work: Work) {
-        let message = Arc::new(work.message);
-        let future = lane::process(self.ctx.clone(), self.stats.clone(), message.clone(), work.received);
-        self.launch(key, work.slot, work.epoch, work.seq, message, future);
-    }
-
-    fn launch(
-        &mut self,
-        key: LaneKey,
-        slot: u32,
-        epoch: u64,
-        seq: Seq,
-        message: Arc<Message>,
-        future: impl Future<Output = Outcome> + Send + 'static,
-    ) {
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
-        let (abort, registration) = AbortHandle::new_pair();
-        let lane_key = key.clone();
-        self.running.push(Box::pin(Abortable::new(future, registration).map(move |outcome| Finished {
-            lane: lane_key,
-            ticket,
-            outcome,
-        })));
-        let lane = self.lanes.entry(key).or_default();
-        lane.busy = Some(InFlight {
-            ticket,
-            slot,
-            epoch,
-            seq,
-            abort,
-            message,
-        });
     }
 
     fn on_finished(&mut self, finished: Finished) {
         if finished.outcome.is_err() {
             return; // aborted: whoever aborted it already moved the lane on
         }
-        let Some(lane) = self.lanes.get_mut(&finished.lane) else {
+        // One lookup per finished message: complete it, then start the next or drop the lane.
+        let Entry::Occupied(mut entry) = self.lanes.entry(finished.lane) else {
             return;
         };
-        match &lane.busy {
-            Some(busy) if busy.ticket == finished.ticket => {}
-            _ => return,
-        }
-        if let Some(busy) = lane.busy.take() {
-            self.pending.push(Completion {
+        let lane = entry.get_mut();
+        match lane.busy.take() {
+            Some(busy) if busy.ticket == finished.ticket => self.pending.push(Completion {
                 slot: busy.slot,
                 epoch: busy.epoch,
                 seq: busy.seq,
-            });
+            }),
+            other => {
+                lane.busy = other; // a stale finish (the message was cancelled and replaced)
+                return;
+            }
         }
-        self.advance(finished.lane);
+        match lane.queue.pop_front() {
+            Some(next) => lane.busy = Some(self.launcher.start(next)),
+            None => {
+                entry.remove();
+            }
+        }
         if self.pending.len() >= FLUSH_AT {
             self.flush();
         }
@@ -274,16 +294,17 @@ impl Shard {
 
     /// Starts the next queued message of an idle lane, or removes the lane if it has none.
     fn advance(&mut self, key: LaneKey) {
-        let Some(lane) = self.lanes.get_mut(&key) else {
+        let Entry::Occupied(mut entry) = self.lanes.entry(key) else {
             return;
         };
+        let lane = entry.get_mut();
         if lane.busy.is_some() {
             return;
         }
         match lane.queue.pop_front() {
-            Some(next) => self.start(key, next),
+            Some(next) => lane.busy = Some(self.launcher.start(next)),
             None => {
-                self.lanes.remove(&key);
+                entry.remove();
             }
         }
     }
@@ -342,16 +363,17 @@ impl Shard {
             let Some(work) = found else {
                 return; // finished meanwhile
             };
-            (LaneKey::Detached(self.next_ticket), work.slot, Arc::new(work.message))
+            (LaneKey::Detached(self.launcher.next_ticket), work.slot, Arc::new(work.message))
         };
         tracing::error!(source = %message.source, offset = message.offset, ?waited, "message stuck past the stuck timeout; cancelling and dead-lettering it");
-        let ctx = self.ctx.clone();
-        let stats = self.stats.clone();
+        let ctx = self.launcher.ctx.clone();
+        let stats = self.launcher.stats.clone();
         let reason = lane::stuck_reason(&ctx, waited);
         let dl_message = message.clone();
         let future = async move {
             lane::dead_letter(&ctx, &stats, &dl_message, reason, &mut fastrand::Rng::new()).await
         };
-        self.launch(key, slot, epoch, seq, message, future);
+        let in_flight = self.launcher.launch(key.clone(), slot, epoch, seq, message, future);
+        self.lanes.entry(key).or_default().busy = Some(in_flight);
     }
 }

@@ -1,0 +1,120 @@
+//! Benchmark of the convoy engine on the in-memory broker.
+//!
+//! ```text
+//! cargo run --release -p convoy-testkit --example bench -- --keys 10000 --messages 1000000 --json
+//! ```
+//! Prints one JSON object per run with `--json`, a short summary otherwise.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use convoy_core::{Backoff, Jitter, RetryPolicy};
+use convoy_testkit::probe::Latency;
+use convoy_testkit::scenario::{run_memory, Scenario};
+
+#[derive(Parser, Debug)]
+#[command(about = "Benchmark the convoy engine on the in-memory broker (with a bare-drain baseline)")]
+struct Args {
+    /// Distinct keys.
+    #[arg(long, default_value_t = 10_000)]
+    keys: usize,
+    /// Messages to publish and consume.
+    #[arg(long, default_value_t = 1_000_000)]
+    messages: u64,
+    /// Partitions of the topic.
+    #[arg(long, default_value_t = 8)]
+    partitions: u32,
+    /// Engine shards (0: one per CPU).
+    #[arg(long, default_value_t = 0)]
+    shards: usize,
+    /// Handler latency in milliseconds (an async timer, not CPU work).
+    #[arg(long, default_value_t = 0.0)]
+    work_ms: f64,
+    /// Fraction of messages that fail transiently once (retried in their lane).
+    #[arg(long, default_value_t = 0.0)]
+    transient_rate: f64,
+    /// Skip the bare baseline.
+    #[arg(long)]
+    no_baseline: bool,
+    /// Print exactly one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let scenario = Scenario {
+        messages: args.messages,
+        keys: args.keys.max(1),
+        partitions: args.partitions.max(1),
+        shards: args.shards,
+        latency: if args.work_ms > 0.0 {
+            Latency::Fixed(Duration::from_secs_f64(args.work_ms / 1000.0))
+        } else {
+            Latency::None
+        },
+        transient_rate: args.transient_rate,
+        retry: RetryPolicy {
+            backoff: Backoff {
+                base: Duration::from_millis(1),
+                factor: 2.0,
+                cap: Duration::from_millis(100),
+                jitter: Jitter::Full,
+            },
+            ..RetryPolicy::default()
+        },
+        baseline: !args.no_baseline,
+        ..Scenario::default()
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the Tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = match runtime.block_on(run_memory(&scenario)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("benchmark failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        match serde_json::to_string(&report) {
+            Ok(json) => println!("{json}"),
+            Err(e) => {
+                eprintln!("cannot encode the report: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        println!(
+            "memory: {} messages, {} keys in {:.3} s = {:.0} msg/s (baseline {:.0} msg/s, ratio {:.3})\n\
+             latency receipt→handled p50 {:.3} ms p95 {:.3} ms p99 {:.3} ms p99.9 {:.3} ms\n\
+             retries {} dead letters {} order violations {} lost {} duplicates {} peak held {} peak RSS {:.1} MiB",
+            report.messages,
+            report.keys,
+            report.elapsed_s,
+            report.throughput_msg_s,
+            report.baseline_throughput_msg_s,
+            report.ratio_to_baseline,
+            report.p50_ms,
+            report.p95_ms,
+            report.p99_ms,
+            report.p999_ms,
+            report.retries,
+            report.dead_letters,
+            report.order_violations,
+            report.lost,
+            report.duplicates,
+            report.peak_held,
+            report.peak_rss_mb,
+        );
+    }
+    if !report.completed || report.order_violations > 0 || report.lost > 0 {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
