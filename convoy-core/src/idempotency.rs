@@ -106,7 +106,11 @@ mod tests {
             store.insert(EventId::Position(SourceId::new("s"), i)).await;
         }
         assert!(!store.contains(&a).await, "bounded: the oldest id was evicted");
-        assert!(store.contains(&EventId::Position(SourceId::new("s"), 9_999)).await);
+        assert!(
+            store
+                .contains(&EventId::Position(SourceId::new("s"), 9_999))
+                .await
+        );
         let held: usize = store.stripes.iter().map(|s| s.lock().unwrap().ids.len()).sum();
         assert!(held <= STRIPES * 2);
     }

@@ -89,10 +89,12 @@ impl IntakeMetrics {
 
     pub fn source_gauges(group: &str, source: &str, watermark: Option<u64>, lag: Option<u64>) {
         if let Some(w) = watermark {
-            metrics::gauge!(WATERMARK, "group" => group.to_owned(), "source" => source.to_owned()).set(w as f64);
+            metrics::gauge!(WATERMARK, "group" => group.to_owned(), "source" => source.to_owned())
+                .set(w as f64);
         }
         if let Some(l) = lag {
-            metrics::gauge!(SOURCE_LAG, "group" => group.to_owned(), "source" => source.to_owned()).set(l as f64);
+            metrics::gauge!(SOURCE_LAG, "group" => group.to_owned(), "source" => source.to_owned())
+                .set(l as f64);
         }
     }
 }

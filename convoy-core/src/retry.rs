@@ -186,8 +186,9 @@ mod tests {
             }
         }
         // Full jitter actually spreads.
-        let spread: std::collections::HashSet<_> =
-            (0..50).map(|_| backoff(Jitter::Full).delay(3, &mut rng)).collect();
+        let spread: std::collections::HashSet<_> = (0..50)
+            .map(|_| backoff(Jitter::Full).delay(3, &mut rng))
+            .collect();
         assert!(spread.len() > 40);
     }
 

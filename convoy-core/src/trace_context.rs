@@ -20,7 +20,11 @@ pub struct TraceContext {
 }
 
 fn hex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    if s.len() != N * 2 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if s.len() != N * 2
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return None;
     }
     let mut out = [0u8; N];
@@ -104,7 +108,13 @@ fn random_span_id(rng: &mut fastrand::Rng) -> [u8; 8] {
 
 impl fmt::Display for TraceContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "00-{}-{}-{:02x}", self.trace_id_hex(), self.span_id_hex(), self.flags)
+        write!(
+            f,
+            "00-{}-{}-{:02x}",
+            self.trace_id_hex(),
+            self.span_id_hex(),
+            self.flags
+        )
     }
 }
 

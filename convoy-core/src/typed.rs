@@ -22,7 +22,8 @@ pub struct Json;
 
 impl<T: DeserializeOwned> Codec<T> for Json {
     fn decode(&self, payload: &[u8]) -> Result<T, String> {
-        serde_json::from_slice(payload).map_err(|e| format!("payload is not valid JSON for the expected type: {e}"))
+        serde_json::from_slice(payload)
+            .map_err(|e| format!("payload is not valid JSON for the expected type: {e}"))
     }
 }
 

@@ -125,7 +125,11 @@ mod tests {
         let s102 = t.receive(102).unwrap(); // 101 was a transaction marker: never received
         let s104 = t.receive(104).unwrap();
         assert!(!t.finish(s104));
-        assert_eq!(t.watermark(), None, "104 done but 100 still running: commit nothing");
+        assert_eq!(
+            t.watermark(),
+            None,
+            "104 done but 100 still running: commit nothing"
+        );
         assert!(t.finish(s100));
         assert_eq!(t.watermark(), Some(100));
         assert_eq!(t.finished_above(), vec![104]);

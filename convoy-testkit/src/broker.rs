@@ -168,7 +168,11 @@ impl MemoryBroker {
 
     /// The current faults.
     pub fn faults(&self) -> Faults {
-        self.inner.faults.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.inner
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Changes the faults.
@@ -373,14 +377,16 @@ impl MemoryBroker {
             };
             let lost: Vec<TopicPartition> = std::mem::take(&mut m.assigned).into_keys().collect();
             if !lost.is_empty() {
-                m.pending
-                    .push_back(SourceEvent::Lost(lost.iter().map(|(t, p)| source_id(t, *p)).collect()));
+                m.pending.push_back(SourceEvent::Lost(
+                    lost.iter().map(|(t, p)| source_id(t, *p)).collect(),
+                ));
             }
             m.wake.notify_one();
             let group = m.group.clone();
             if let Some(g) = state.groups.get_mut(&group) {
-                g.owners
-                    .retain(|_, o| !matches!(o, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member));
+                g.owners.retain(
+                    |_, o| !matches!(o, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member),
+                );
             }
             rebalance(&mut state, &group)
         };
@@ -396,7 +402,10 @@ impl MemoryBroker {
                 let acked = matches!(tokio::time::timeout(timeout, revoke.ack).await, Ok(Ok(())));
                 if !acked {
                     // Dropped ack (crash) or too slow: like Kafka, expel the member.
-                    tracing::warn!(member = revoke.member, "member did not acknowledge a revoke; expelling it");
+                    tracing::warn!(
+                        member = revoke.member,
+                        "member did not acknowledge a revoke; expelling it"
+                    );
                     broker.leave(revoke.member);
                     return;
                 }
@@ -416,7 +425,12 @@ impl MemoryBroker {
         }
     }
 
-    pub(crate) fn set_paused(&self, member: u64, sources: &[SourceId], paused: bool) -> Result<(), TransportError> {
+    pub(crate) fn set_paused(
+        &self,
+        member: u64,
+        sources: &[SourceId],
+        paused: bool,
+    ) -> Result<(), TransportError> {
         let mut state = self.state();
         let m = state.members.get_mut(&member).ok_or(TransportError::Closed)?;
         for s in sources {
@@ -441,7 +455,12 @@ impl MemoryBroker {
             }
         }
         let mut state = self.state();
-        let group = state.members.get(&member).ok_or(TransportError::Closed)?.group.clone();
+        let group = state
+            .members
+            .get(&member)
+            .ok_or(TransportError::Closed)?
+            .group
+            .clone();
         let g = state.groups.get_mut(&group).ok_or(TransportError::Closed)?;
         for c in commits {
             let tp = parse_source(&c.source).ok_or_else(|| TransportError::NotOwner(c.source.clone()))?;
@@ -501,7 +520,10 @@ impl MemoryBroker {
                     if cursor.paused {
                         continue;
                     }
-                    let Some(p) = topics.get(topic).and_then(|t| t.partitions.get(*partition as usize)) else {
+                    let Some(p) = topics
+                        .get(topic)
+                        .and_then(|t| t.partitions.get(*partition as usize))
+                    else {
                         continue;
                     };
                     let start = p.log.partition_point(|r| r.offset < cursor.next);
@@ -510,7 +532,8 @@ impl MemoryBroker {
                         continue;
                     }
                     let source = source_id(topic, *partition);
-                    let messages: Vec<Message> = p.log[start..end].iter().map(|r| to_message(&source, r)).collect();
+                    let messages: Vec<Message> =
+                        p.log[start..end].iter().map(|r| to_message(&source, r)).collect();
                     cursor.next = p.log[end - 1].offset + 1;
                     out.push(SourceEvent::Messages { source, messages });
                     next_partition = index + 1;
@@ -552,7 +575,12 @@ fn to_message(source: &SourceId, r: &Record) -> Message {
 /// Moves the group toward a round-robin assignment of its partitions over its members.
 /// Unowned partitions are assigned at once; owned ones that must move are revoked first.
 fn rebalance(state: &mut State, group: &str) -> Vec<PendingRevoke> {
-    let State { topics, groups, members, .. } = state;
+    let State {
+        topics,
+        groups,
+        members,
+        ..
+    } = state;
     let Some(g) = groups.get_mut(group) else {
         return Vec::new();
     };

@@ -189,7 +189,12 @@ impl OrderChecker {
         let Some(state) = stripe.keys.get_mut(&hash) else {
             drop(guard);
             self.violations.fetch_add(1, Relaxed);
-            self.sample(|| format!("key {:?} seq {seq} finished but never published", String::from_utf8_lossy(key)));
+            self.sample(|| {
+                format!(
+                    "key {:?} seq {seq} finished but never published",
+                    String::from_utf8_lossy(key)
+                )
+            });
             return;
         };
         let ahead = stripe.ahead.get_mut(&hash);

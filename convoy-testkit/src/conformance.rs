@@ -12,10 +12,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use convoy_core::dead_letter::{DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE};
+use convoy_core::dead_letter::{
+    DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
+};
 use convoy_core::{
-    typed, BackPressure, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError, Message,
-    Offset, OutgoingMessage, Publisher, Receipt, RetryPolicy, SourceId, Subscription, TransportError,
+    typed, BackPressure, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError,
+    Message, Offset, OutgoingMessage, Publisher, Receipt, RetryPolicy, SourceId, Subscription,
+    TransportError,
 };
 
 use crate::checker::{CheckReport, OrderChecker};
@@ -115,8 +118,17 @@ async fn bed(target: &dyn ConformanceTarget, partitions: u32) -> Box<dyn TestBed
     }
 }
 
-fn start(bed_sink: Arc<dyn DeadLetterSink>, handler: impl Handler, config: EngineConfig, subscription: Subscription) -> EngineHandle {
-    match Engine::builder(handler).config(config).dead_letter_sink(bed_sink).build() {
+fn start(
+    bed_sink: Arc<dyn DeadLetterSink>,
+    handler: impl Handler,
+    config: EngineConfig,
+    subscription: Subscription,
+) -> EngineHandle {
+    match Engine::builder(handler)
+        .config(config)
+        .dead_letter_sink(bed_sink)
+        .build()
+    {
         Ok(engine) => engine.spawn(subscription),
         Err(e) => panic!("test engine config rejected: {e}"),
     }
@@ -129,7 +141,13 @@ async fn subscribe(bed: &dyn TestBed) -> Subscription {
     }
 }
 
-async fn load(bed: &dyn TestBed, checker: &OrderChecker, prefix: &str, keys: usize, per_key: usize) -> Vec<Receipt> {
+async fn load(
+    bed: &dyn TestBed,
+    checker: &OrderChecker,
+    prefix: &str,
+    keys: usize,
+    per_key: usize,
+) -> Vec<Receipt> {
     match probe::publish_load(bed.publisher().as_ref(), checker, prefix, keys, per_key).await {
         Ok(r) => r,
         Err(e) => panic!("publishing the load failed: {e}"),
@@ -138,7 +156,10 @@ async fn load(bed: &dyn TestBed, checker: &OrderChecker, prefix: &str, keys: usi
 
 async fn wait_complete(checker: &OrderChecker, what: &str) {
     if !checker.wait_complete(LIMIT).await {
-        panic!("{what}: not every message finished within {LIMIT:?}: {:?}", checker.report());
+        panic!(
+            "{what}: not every message finished within {LIMIT:?}: {:?}",
+            checker.report()
+        );
     }
 }
 
@@ -181,14 +202,23 @@ pub async fn per_key_order_under_parallelism(target: &dyn ConformanceTarget) {
     };
     let handler = Arc::new(ProbeHandler::with_faults(checker.clone(), plan));
     load(bed.as_ref(), &checker, "k", 40, 25).await;
-    let consumer = start(bed.dead_letter_sink(), handler.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    let consumer = start(
+        bed.dead_letter_sink(),
+        handler.clone(),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "per-key order").await;
     let report = stop(consumer).await;
     let check = checker.report();
     assert_clean(&check, "per-key order");
     assert_eq!((check.duplicates, check.dead_lettered), (0, 0), "{check:#?}");
     assert_eq!(report.stats.handled, 1000);
-    assert!(handler.max_in_flight() >= 4, "keys ran in parallel: at most {} at once", handler.max_in_flight());
+    assert!(
+        handler.max_in_flight() >= 4,
+        "keys ran in parallel: at most {} at once",
+        handler.max_in_flight()
+    );
 }
 
 /// Transient failures retry inside the lane: later messages of the key never overtake, and
@@ -209,25 +239,41 @@ pub async fn transient_retry_without_overtaking(target: &dyn ConformanceTarget) 
         .count() as u64;
     assert!(failing > 50, "the plan must fail a fair share: {failing}");
     let handler = Arc::new(ProbeHandler::with_faults(checker.clone(), plan));
-    let consumer = start(bed.dead_letter_sink(), handler.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    let consumer = start(
+        bed.dead_letter_sink(),
+        handler.clone(),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "transient retry").await;
     let report = stop(consumer).await;
     let check = checker.report();
     assert_clean(&check, "transient retry");
     assert_eq!(check.dead_lettered, 0);
-    assert_eq!(report.stats.retries, failing * 2, "two retries per failing message");
+    assert_eq!(
+        report.stats.retries,
+        failing * 2,
+        "two retries per failing message"
+    );
     assert_eq!(handler.calls(), receipts.len() as u64 + failing * 2);
 }
 
 fn header<'a>(m: &'a Message, name: &str) -> &'a str {
-    m.headers.get_str(name).unwrap_or_else(|| panic!("dead letter lacks header {name}: {m:?}"))
+    m.headers
+        .get_str(name)
+        .unwrap_or_else(|| panic!("dead letter lacks header {name}: {m:?}"))
 }
 
 /// A terminal error dead-letters the message at once, with its reason, and the lane goes on.
 pub async fn terminal_error_dead_letters_and_lane_continues(target: &dyn ConformanceTarget) {
     let bed = bed(target, 2).await;
     let checker = Arc::new(OrderChecker::new());
-    let poison: HashSet<(Bytes, u64)> = [(probe_key("k", 3), 5), (probe_key("k", 3), 6), (probe_key("k", 7), 0)].into();
+    let poison: HashSet<(Bytes, u64)> = [
+        (probe_key("k", 3), 5),
+        (probe_key("k", 3), 6),
+        (probe_key("k", 7), 0),
+    ]
+    .into();
     let plan = FaultPlan {
         terminal_on: poison.clone(),
         ..FaultPlan::default()
@@ -235,7 +281,12 @@ pub async fn terminal_error_dead_letters_and_lane_continues(target: &dyn Conform
     let receipts = load(bed.as_ref(), &checker, "k", 10, 20).await;
     let handler = Arc::new(ProbeHandler::with_faults(checker.clone(), plan).counting_calls());
     let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
-    let consumer = start(sink.clone(), handler.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    let consumer = start(
+        sink.clone(),
+        handler.clone(),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "terminal error").await;
     stop(consumer).await;
     let check = checker.report();
@@ -249,7 +300,11 @@ pub async fn terminal_error_dead_letters_and_lane_continues(target: &dyn Conform
         Ok(d) => d,
         Err(e) => panic!("reading dead letters failed: {e}"),
     };
-    assert_eq!(dead.len(), 3, "exactly the poison messages reached the destination: {dead:?}");
+    assert_eq!(
+        dead.len(),
+        3,
+        "exactly the poison messages reached the destination: {dead:?}"
+    );
     for m in &dead {
         let seq = decode_seq(&m.payload).expect("dead letter keeps the original payload");
         let key = m.key.clone().expect("dead letter keeps the original key");
@@ -285,13 +340,22 @@ pub async fn retries_exhausted_dead_letters(target: &dyn ConformanceTarget) {
     let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
     let mut config = test_config(bed.group());
     config.retry.max_attempts = Some(4);
-    let consumer = start(sink.clone(), handler.clone(), config, subscribe(bed.as_ref()).await);
+    let consumer = start(
+        sink.clone(),
+        handler.clone(),
+        config,
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "retries exhausted").await;
     let report = stop(consumer).await;
     let check = checker.report();
     assert_clean(&check, "retries exhausted");
     assert_eq!(check.dead_lettered, 1);
-    assert_eq!(handler.calls_for(&stubborn.0, stubborn.1), 4, "exactly max_attempts attempts");
+    assert_eq!(
+        handler.calls_for(&stubborn.0, stubborn.1),
+        4,
+        "exactly max_attempts attempts"
+    );
     assert_eq!(report.stats.retries, 3);
     let dead = bed.dead_letters(1).await.expect("dead letters readable");
     assert_eq!(dead.len(), 1);
@@ -322,24 +386,47 @@ pub async fn crash_without_commit_redelivers_from_watermark(target: &dyn Conform
     let first = Arc::new(ProbeHandler::with_faults(checker.clone(), plan.clone()));
     let mut config = test_config(bed.group());
     config.commit_every = 50;
-    let consumer = start(bed.dead_letter_sink(), first.clone(), config.clone(), subscribe(bed.as_ref()).await);
-    assert!(checker.wait_for(LIMIT, |c| c.finished() >= 300).await, "first consumer made no progress");
+    let consumer = start(
+        bed.dead_letter_sink(),
+        first.clone(),
+        config.clone(),
+        subscribe(bed.as_ref()).await,
+    );
+    assert!(
+        checker.wait_for(LIMIT, |c| c.finished() >= 300).await,
+        "first consumer made no progress"
+    );
     consumer.abort().await;
     let at_crash = committed(bed.as_ref()).await;
     let handled_before = checker.finished();
-    assert!(handled_before < receipts.len() as u64, "the crash must happen mid-stream");
+    assert!(
+        handled_before < receipts.len() as u64,
+        "the crash must happen mid-stream"
+    );
 
     let second = Arc::new(ProbeHandler::with_faults(checker.clone(), plan).recording_offsets());
-    let consumer = start(bed.dead_letter_sink(), second.clone(), config, subscribe(bed.as_ref()).await);
+    let consumer = start(
+        bed.dead_letter_sink(),
+        second.clone(),
+        config,
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "after crash").await;
     stop(consumer).await;
     assert_clean(&checker.report(), "after crash");
     for (source, min) in min_offsets(&second.handled_offsets()) {
         if let Some(w) = at_crash.get(&source) {
-            assert!(min > *w, "{source}: offset {min} at or below the committed watermark {w} was handled again");
+            assert!(
+                min > *w,
+                "{source}: offset {min} at or below the committed watermark {w} was handled again"
+            );
         }
     }
-    assert_eq!(committed(bed.as_ref()).await, last_offsets(&receipts), "everything committed at the end");
+    assert_eq!(
+        committed(bed.as_ref()).await,
+        last_offsets(&receipts),
+        "everything committed at the end"
+    );
 }
 
 /// A consumer that stopped gracefully committed everything: its successor handles only new
@@ -357,16 +444,28 @@ pub async fn restart_redelivers_nothing_committed(target: &dyn ConformanceTarget
     wait_complete(&checker, "first run").await;
     stop(consumer).await;
     let after_first = committed(bed.as_ref()).await;
-    assert_eq!(after_first, last_offsets(&first_load), "graceful stop committed every source's end");
+    assert_eq!(
+        after_first,
+        last_offsets(&first_load),
+        "graceful stop committed every source's end"
+    );
 
     let second_load = load(bed.as_ref(), &checker, "k", 10, 30).await;
     let second = Arc::new(ProbeHandler::new(checker.clone()).recording_offsets());
-    let consumer = start(bed.dead_letter_sink(), second.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    let consumer = start(
+        bed.dead_letter_sink(),
+        second.clone(),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "second run").await;
     stop(consumer).await;
     let check = checker.report();
     assert_clean(&check, "restart");
-    assert_eq!(check.duplicates, 0, "nothing committed was redelivered: {check:#?}");
+    assert_eq!(
+        check.duplicates, 0,
+        "nothing committed was redelivered: {check:#?}"
+    );
     assert_eq!(second.handled_offsets().len(), second_load.len());
 }
 
@@ -382,9 +481,19 @@ pub async fn rebalance_two_consumers_mid_stream(target: &dyn ConformanceTarget) 
     let a = Arc::new(ProbeHandler::with_faults(checker.clone(), plan.clone()));
     let b = Arc::new(ProbeHandler::with_faults(checker.clone(), plan));
     load(bed.as_ref(), &checker, "k", 20, 20).await;
-    let first = start(bed.dead_letter_sink(), a.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    let first = start(
+        bed.dead_letter_sink(),
+        a.clone(),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
     assert!(checker.wait_for(LIMIT, |c| c.finished() >= 100).await);
-    let second = start(bed.dead_letter_sink(), b.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    let second = start(
+        bed.dead_letter_sink(),
+        b.clone(),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
     load(bed.as_ref(), &checker, "k", 20, 20).await;
     assert!(checker.wait_for(LIMIT, |c| c.finished() >= 600).await);
     stop(first).await;
@@ -392,7 +501,12 @@ pub async fn rebalance_two_consumers_mid_stream(target: &dyn ConformanceTarget) 
     wait_complete(&checker, "rebalance").await;
     stop(second).await;
     assert_clean(&checker.report(), "rebalance");
-    assert!(a.calls() > 0 && b.calls() > 0, "both consumers worked: {} / {}", a.calls(), b.calls());
+    assert!(
+        a.calls() > 0 && b.calls() > 0,
+        "both consumers worked: {} / {}",
+        a.calls(),
+        b.calls()
+    );
 }
 
 /// A slow handler behind a fast producer: the engine pauses fetching instead of buffering
@@ -423,7 +537,11 @@ pub async fn slow_handler_fast_producer_bounded_memory(target: &dyn ConformanceT
     let report = stop(consumer).await;
     assert_clean(&checker.report(), "bounded memory");
     let bound = config.back_pressure.total_high + target.capabilities().max_prefetch;
-    assert!(report.stats.peak_held <= bound, "held {} messages at once, bound {bound}", report.stats.peak_held);
+    assert!(
+        report.stats.peak_held <= bound,
+        "held {} messages at once, bound {bound}",
+        report.stats.peak_held
+    );
     assert!(report.stats.pauses > 0, "back-pressure must have paused fetching");
 }
 
@@ -435,9 +553,17 @@ pub async fn graceful_shutdown_commits(target: &dyn ConformanceTarget) {
     let mut config = test_config(bed.group());
     config.commit_interval = Duration::from_secs(3600);
     config.commit_every = usize::MAX;
-    let consumer = start(bed.dead_letter_sink(), ProbeHandler::new(checker.clone()), config, subscribe(bed.as_ref()).await);
+    let consumer = start(
+        bed.dead_letter_sink(),
+        ProbeHandler::new(checker.clone()),
+        config,
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "shutdown").await;
-    assert!(committed(bed.as_ref()).await.is_empty(), "no commit before shutdown with these settings");
+    assert!(
+        committed(bed.as_ref()).await.is_empty(),
+        "no commit before shutdown with these settings"
+    );
     let report = stop(consumer).await;
     let expected = last_offsets(&receipts);
     assert_eq!(committed(bed.as_ref()).await, expected);
@@ -453,7 +579,9 @@ pub async fn malformed_payload_dead_letters(target: &dyn ConformanceTarget) {
     for round in 0..10 {
         for k in 0..5 {
             let key = probe_key("k", k);
-            probe::publish_probe(publisher.as_ref(), &checker, key.clone()).await.expect("publish");
+            probe::publish_probe(publisher.as_ref(), &checker, key.clone())
+                .await
+                .expect("publish");
             if (round + k) % 4 == 0 {
                 publisher
                     .publish(OutgoingMessage::new(key, "{not json"))
@@ -475,9 +603,18 @@ pub async fn malformed_payload_dead_letters(target: &dyn ConformanceTarget) {
         }
     });
     let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
-    let consumer = start(sink.clone(), handler, test_config(bed.group()), subscribe(bed.as_ref()).await);
+    let consumer = start(
+        sink.clone(),
+        handler,
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "malformed").await;
-    assert!(checker.wait_for(LIMIT, |_| sink.recorded().len() >= garbage).await);
+    assert!(
+        checker
+            .wait_for(LIMIT, |_| sink.recorded().len() >= garbage)
+            .await
+    );
     stop(consumer).await;
     assert_clean(&checker.report(), "malformed");
     let dead = bed.dead_letters(garbage).await.expect("dead letters readable");
@@ -511,7 +648,12 @@ pub async fn duplicate_delivery_skipped(target: &dyn ConformanceTarget) {
         }
     }
     let handler = Arc::new(ProbeHandler::new(checker.clone()).counting_calls());
-    let consumer = start(bed.dead_letter_sink(), handler.clone(), test_config(bed.group()), subscribe(bed.as_ref()).await);
+    let consumer = start(
+        bed.dead_letter_sink(),
+        handler.clone(),
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
     wait_complete(&checker, "duplicates").await;
     // Wait for the engine to also finish the trailing copies before stopping.
     let expected = last_offsets(&receipts);
@@ -522,10 +664,17 @@ pub async fn duplicate_delivery_skipped(target: &dyn ConformanceTarget) {
     let report = stop(consumer).await;
     let check = checker.report();
     assert_clean(&check, "duplicates");
-    assert_eq!(check.duplicates, 0, "a re-published event was handled again: {check:#?}");
+    assert_eq!(
+        check.duplicates, 0,
+        "a re-published event was handled again: {check:#?}"
+    );
     assert_eq!(report.stats.duplicates, republished);
     assert_eq!(handler.calls(), 100);
-    assert_eq!(committed(bed.as_ref()).await, expected, "skipped copies are finished and committed too");
+    assert_eq!(
+        committed(bed.as_ref()).await,
+        expected,
+        "skipped copies are finished and committed too"
+    );
 }
 
 /// One key's handler hangs; every other key is handled meanwhile. Released, it finishes too.
@@ -546,7 +695,11 @@ pub async fn hot_key_does_not_stall_others(target: &dyn ConformanceTarget) {
         "other keys stalled behind the hot key: {:?}",
         checker.report()
     );
-    assert_eq!(checker.finished(), 380, "the held key finished nothing while held");
+    assert_eq!(
+        checker.finished(),
+        380,
+        "the held key finished nothing while held"
+    );
     latch.release();
     wait_complete(&checker, "hot key").await;
     stop(consumer).await;

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy_core::{DeadLetterSink, Message, Offset, Publisher, SourceEvent, SourceId, Subscription, Transport, TransportError};
+use convoy_core::{
+    DeadLetterSink, Message, Offset, Publisher, SourceEvent, SourceId, Subscription, Transport,
+    TransportError,
+};
 
 use crate::broker::MemoryBroker;
 use crate::conformance::{Capabilities, ConformanceTarget, TestBed};
@@ -90,8 +93,14 @@ impl MemoryBed {
     /// returns the messages read once `expected` arrived, or fewer if `limit` passed.
     pub async fn bare_drain(&self, expected: u64, limit: Duration, mut each: impl FnMut(&Message)) -> u64 {
         let n = self.broker.members(&self.group).len();
-        let bare = MemoryTransport::new(&self.broker, format!("{}-bare-{n}", self.group), &[self.topic.as_str()]);
-        let Ok(mut sub) = bare.subscribe().await else { return 0 };
+        let bare = MemoryTransport::new(
+            &self.broker,
+            format!("{}-bare-{n}", self.group),
+            &[self.topic.as_str()],
+        );
+        let Ok(mut sub) = bare.subscribe().await else {
+            return 0;
+        };
         let deadline = tokio::time::Instant::now() + limit;
         let mut seen = 0u64;
         while seen < expected {

@@ -15,8 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use convoy_core::{
-    DeadLetter, DeadLetterSink, Delivery, Handler, HandlerError, Offset, OutgoingMessage, Publisher, Receipt, SourceId,
-    TransportError,
+    DeadLetter, DeadLetterSink, Delivery, Handler, HandlerError, Offset, OutgoingMessage, Publisher, Receipt,
+    SourceId, TransportError,
 };
 use tokio::sync::Notify;
 
@@ -58,14 +58,26 @@ pub async fn publish_load(
 }
 
 /// Publishes the next probe message of `key`.
-pub async fn publish_probe(publisher: &dyn Publisher, checker: &OrderChecker, key: Bytes) -> Result<Receipt, TransportError> {
+pub async fn publish_probe(
+    publisher: &dyn Publisher,
+    checker: &OrderChecker,
+    key: Bytes,
+) -> Result<Receipt, TransportError> {
     let seq = checker.expect(&key);
-    publisher.publish(OutgoingMessage::new(key, seq.to_string())).await
+    publisher
+        .publish(OutgoingMessage::new(key, seq.to_string()))
+        .await
 }
 
 /// Builds many probe messages with few allocations: keys and payloads are slices of shared
 /// chunks, so a million messages cost a few hundred allocations, not millions.
-pub fn probe_batch(checker: &OrderChecker, prefix: &str, keys: usize, from: usize, count: usize) -> Vec<OutgoingMessage> {
+pub fn probe_batch(
+    checker: &OrderChecker,
+    prefix: &str,
+    keys: usize,
+    from: usize,
+    count: usize,
+) -> Vec<OutgoingMessage> {
     let mut buf = BytesMut::with_capacity(count * (prefix.len() + 16));
     let mut spans = Vec::with_capacity(count);
     for i in from..from + count {
@@ -231,7 +243,11 @@ impl ProbeHandler {
     /// The (source, offset) of each message handled successfully, in completion order
     /// (needs [`recording_offsets`](Self::recording_offsets)).
     pub fn handled_offsets(&self) -> Vec<(SourceId, Offset)> {
-        self.offsets.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default()
+        self.offsets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default()
     }
 
     /// Handler calls so far (every attempt).
@@ -260,8 +276,14 @@ impl Handler for ProbeHandler {
     async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
         self.calls.fetch_add(1, Relaxed);
         let key = delivery.key().cloned().unwrap_or_default();
-        let seq = decode_seq(delivery.payload()).ok_or_else(|| HandlerError::malformed("payload is not a probe sequence number"))?;
-        if let Some(counts) = self.calls_by_message.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        let seq = decode_seq(delivery.payload())
+            .ok_or_else(|| HandlerError::malformed("payload is not a probe sequence number"))?;
+        if let Some(counts) = self
+            .calls_by_message
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
             *counts.entry((key.clone(), seq)).or_default() += 1;
         }
         let _key_guard = self.checker.enter(&key);
@@ -283,8 +305,12 @@ impl Handler for ProbeHandler {
             }
         }
         let id = (key.clone(), seq);
-        if plan.terminal_on.contains(&id) || (plan.terminal_rate > 0.0 && plan.roll(2, &key, seq) < plan.terminal_rate) {
-            return Err(HandlerError::terminal(format!("injected terminal failure of seq {seq}")));
+        if plan.terminal_on.contains(&id)
+            || (plan.terminal_rate > 0.0 && plan.roll(2, &key, seq) < plan.terminal_rate)
+        {
+            return Err(HandlerError::terminal(format!(
+                "injected terminal failure of seq {seq}"
+            )));
         }
         if plan.panic_rate > 0.0 && plan.roll(3, &key, seq) < plan.panic_rate {
             panic!("injected panic on seq {seq}");
@@ -300,7 +326,8 @@ impl Handler for ProbeHandler {
         if let Some(offsets) = self.offsets.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             offsets.push((delivery.source().clone(), delivery.offset()));
         }
-        self.checker.handled(&key, seq, Some(delivery.received().elapsed()));
+        self.checker
+            .handled(&key, seq, Some(delivery.received().elapsed()));
         Ok(())
     }
 }
@@ -341,7 +368,10 @@ impl DeadLetterSink for RecordingSink {
                 // A non-probe payload (e.g. a malformed-input test): registered by its own test.
             }
         }
-        self.recorded.lock().unwrap_or_else(|p| p.into_inner()).push(dead_letter.clone());
+        self.recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(dead_letter.clone());
         Ok(())
     }
 }
@@ -365,7 +395,12 @@ mod tests {
         let batch = probe_batch(&c, "k", 3, 0, 7);
         let got: Vec<(String, u64)> = batch
             .iter()
-            .map(|m| (String::from_utf8_lossy(m.key.as_ref().unwrap()).into_owned(), decode_seq(&m.payload).unwrap()))
+            .map(|m| {
+                (
+                    String::from_utf8_lossy(m.key.as_ref().unwrap()).into_owned(),
+                    decode_seq(&m.payload).unwrap(),
+                )
+            })
             .collect();
         assert_eq!(got[0], ("k0".into(), 0));
         assert_eq!(got[3], ("k0".into(), 1));

@@ -15,9 +15,9 @@ use convoy_core::{BackPressure, Engine, EngineConfig, Publisher, RetryPolicy};
 use serde::Serialize;
 
 use crate::checker::OrderChecker;
+use crate::conformance::TestBed;
 use crate::memory::{MemoryBed, MemoryTarget};
 use crate::probe::{decode_seq, probe_batch, FaultPlan, Latency, ProbeHandler, RecordingSink};
-use crate::conformance::TestBed;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -120,7 +120,12 @@ pub fn peak_rss_mb() -> f64 {
 }
 
 /// Publishes `messages` probes over `keys` keys, in chunks that share their buffers.
-pub async fn prefill(publisher: &dyn Publisher, checker: &OrderChecker, messages: u64, keys: usize) -> Result<(), convoy_core::TransportError> {
+pub async fn prefill(
+    publisher: &dyn Publisher,
+    checker: &OrderChecker,
+    messages: u64,
+    keys: usize,
+) -> Result<(), convoy_core::TransportError> {
     // Small chunks: messages sharing a buffer share its reference count, which parallel
     // shards would otherwise contend on (a real transport gives each message its own buffer).
     const CHUNK: usize = 256;
@@ -144,9 +149,14 @@ pub async fn run_memory(scenario: &Scenario) -> Result<ScenarioReport, String> {
 
 async fn run_on_memory_bed(bed: &MemoryBed, scenario: &Scenario) -> Result<ScenarioReport, String> {
     let checker = Arc::new(OrderChecker::new());
-    prefill(bed.publisher().as_ref(), &checker, scenario.messages, scenario.keys)
-        .await
-        .map_err(|e| format!("prefill failed: {e}"))?;
+    prefill(
+        bed.publisher().as_ref(),
+        &checker,
+        scenario.messages,
+        scenario.keys,
+    )
+    .await
+    .map_err(|e| format!("prefill failed: {e}"))?;
     let plan = FaultPlan {
         seed: scenario.seed,
         transient_rate: scenario.transient_rate,
@@ -168,7 +178,10 @@ async fn run_on_memory_bed(bed: &MemoryBed, scenario: &Scenario) -> Result<Scena
         .dead_letter_sink(sink)
         .build()
         .map_err(|e| e.to_string())?;
-    let subscription = bed.subscribe().await.map_err(|e| format!("subscribe failed: {e}"))?;
+    let subscription = bed
+        .subscribe()
+        .await
+        .map_err(|e| format!("subscribe failed: {e}"))?;
     let started = Instant::now();
     let handle = engine.spawn(subscription);
     let completed = checker.wait_complete(scenario.limit).await;
@@ -207,7 +220,11 @@ async fn run_on_memory_bed(bed: &MemoryBed, scenario: &Scenario) -> Result<Scena
         lost: check.lost,
         duplicates: check.duplicates,
         baseline_throughput_msg_s: baseline,
-        ratio_to_baseline: if baseline > 0.0 { throughput / baseline } else { 0.0 },
+        ratio_to_baseline: if baseline > 0.0 {
+            throughput / baseline
+        } else {
+            0.0
+        },
         peak_rss_mb: peak_rss_mb(),
         peak_held: report.stats.peak_held,
         completed,

@@ -132,6 +132,8 @@ impl DeadLetterSink for MemoryDeadLetterSink {
         if self.broker.take_dead_letter_failure() {
             return Err(TransportError::Unavailable("injected dead-letter failure".into()));
         }
-        self.broker.publish(&self.topic, dead_letter.to_outgoing()).map(|_| ())
+        self.broker
+            .publish(&self.topic, dead_letter.to_outgoing())
+            .map(|_| ())
     }
 }

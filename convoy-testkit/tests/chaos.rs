@@ -155,8 +155,14 @@ async fn chaos_keeps_order_and_loses_nothing() {
             .with_test_writer()
             .try_init();
     }
-    let seeds: u64 = std::env::var("CHAOS_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
-    let first: u64 = std::env::var("CHAOS_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let seeds: u64 = std::env::var("CHAOS_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let first: u64 = std::env::var("CHAOS_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let mut totals = (0u64, 0u64, 0u64, 0u64, 0u64);
     for seed in first..first + seeds {
         tracing::info!("chaos seed {seed}");
@@ -177,7 +183,10 @@ async fn chaos_keeps_order_and_loses_nothing() {
         totals.0 += report.published;
         totals.1 += report.duplicates;
         totals.2 += report.dead_lettered;
-        totals.3 += log.iter().filter(|a| *a == "crash" || *a == "drop-connection").count() as u64;
+        totals.3 += log
+            .iter()
+            .filter(|a| *a == "crash" || *a == "drop-connection")
+            .count() as u64;
     }
     println!(
         "chaos: {seeds} seeds, {} messages, {} redelivered duplicates, {} dead letters, {} crashes/dropped connections, {} zombie overlaps after lost assignments, 0 violations, 0 lost",

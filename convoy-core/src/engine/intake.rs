@@ -111,7 +111,11 @@ impl Intake {
     /// Runs until shutdown is signalled or the transport closes, then drains and commits.
     pub async fn run(mut self) -> EngineReport {
         let period = match self.config.stuck_timeout {
-            Some(stuck) => self.config.commit_interval.min(stuck / 2).max(Duration::from_millis(1)),
+            Some(stuck) => self
+                .config
+                .commit_interval
+                .min(stuck / 2)
+                .max(Duration::from_millis(1)),
             None => self.config.commit_interval,
         };
         let mut tick = tokio::time::interval(period);
@@ -165,7 +169,10 @@ impl Intake {
             SourceEvent::Revoked { sources, ack } => self.revoke(sources, ack).await,
             SourceEvent::Lost(sources) => {
                 tracing::warn!(?sources, "sources lost without a revoke; their unfinished work will be redelivered to the next owner");
-                let slots: Vec<u32> = sources.iter().filter_map(|s| self.by_id.get(s).copied()).collect();
+                let slots: Vec<u32> = sources
+                    .iter()
+                    .filter_map(|s| self.by_id.get(s).copied())
+                    .collect();
                 self.cancel_slots(&slots).await;
                 for slot in slots {
                     self.remove(slot);
@@ -207,7 +214,11 @@ impl Intake {
                 }
             };
             // Skip offsets known finished (from commit metadata) instead of handling them again.
-            while state.skip.get(state.skip_next).is_some_and(|&o| o < message.offset) {
+            while state
+                .skip
+                .get(state.skip_next)
+                .is_some_and(|&o| o < message.offset)
+            {
                 state.skip_next += 1;
             }
             if state.skip.get(state.skip_next) == Some(&message.offset) {
@@ -241,7 +252,10 @@ impl Intake {
                 let batch = std::mem::take(route);
                 // A shard only stops when the intake drops it; a failed send means it panicked.
                 if self.shards[shard].send(ShardCommand::Work(batch)).is_err() {
-                    tracing::error!(shard, "shard task is gone; its messages stay unfinished and uncommitted");
+                    tracing::error!(
+                        shard,
+                        "shard task is gone; its messages stay unfinished and uncommitted"
+                    );
                 }
             }
         }
@@ -307,7 +321,12 @@ impl Intake {
                 tracing::warn!(error = %e, "resuming fetch failed");
             }
         }
-        let paused = self.sources.iter().flatten().filter(|s| s.fetch_paused == Some(true)).count();
+        let paused = self
+            .sources
+            .iter()
+            .flatten()
+            .filter(|s| s.fetch_paused == Some(true))
+            .count();
         self.stats.intake.paused_sources.store(paused, Relaxed);
         self.metrics.paused_sources.set(paused as f64);
     }
@@ -369,7 +388,12 @@ impl Intake {
     fn epochs(&self, slots: &[u32]) -> Vec<u64> {
         slots
             .iter()
-            .filter_map(|&s| self.sources.get(s as usize).and_then(Option::as_ref).map(|st| st.epoch))
+            .filter_map(|&s| {
+                self.sources
+                    .get(s as usize)
+                    .and_then(Option::as_ref)
+                    .map(|st| st.epoch)
+            })
             .collect()
     }
 
@@ -462,8 +486,14 @@ impl Intake {
     }
 
     async fn revoke(&mut self, sources: Vec<SourceId>, ack: RevokeAck) {
-        let slots: Vec<u32> = sources.iter().filter_map(|s| self.by_id.get(s).copied()).collect();
-        tracing::info!(?sources, "sources revoked; draining in-flight work before committing");
+        let slots: Vec<u32> = sources
+            .iter()
+            .filter_map(|s| self.by_id.get(s).copied())
+            .collect();
+        tracing::info!(
+            ?sources,
+            "sources revoked; draining in-flight work before committing"
+        );
         let epochs = self.epochs(&slots);
         // Not-yet-started messages belong to the next owner now.
         let dropped = self.drop_queued(Epochs::Some(epochs.clone())).await;
@@ -498,11 +528,17 @@ impl Intake {
             if only.is_some_and(|o| !o.contains(&(slot as u32))) || !state.dirty {
                 continue;
             }
-            let Some(watermark) = state.tracker.watermark() else { continue };
+            let Some(watermark) = state.tracker.watermark() else {
+                continue;
+            };
             commits.push(Commit {
                 source: state.id.clone(),
                 watermark,
-                finished_above: if wants_above { state.tracker.finished_above() } else { Vec::new() },
+                finished_above: if wants_above {
+                    state.tracker.finished_above()
+                } else {
+                    Vec::new()
+                },
             });
             slots.push((slot, watermark));
         }
@@ -542,7 +578,9 @@ impl Intake {
     /// Dead-letters a source's lowest unfinished message once it held the watermark back
     /// longer than the stuck timeout.
     fn check_stuck(&mut self) {
-        let Some(limit) = self.config.stuck_timeout else { return };
+        let Some(limit) = self.config.stuck_timeout else {
+            return;
+        };
         let now = Instant::now();
         let mut stuck = Vec::new();
         for state in self.sources.iter_mut().flatten() {
@@ -584,9 +622,13 @@ impl Intake {
         let newest = self.control.last_offsets(&ids).await;
         for (id, newest) in ids.iter().zip(newest) {
             let Some(&slot) = self.by_id.get(id) else { continue };
-            let Some(state) = self.sources[slot as usize].as_ref() else { continue };
+            let Some(state) = self.sources[slot as usize].as_ref() else {
+                continue;
+            };
             let watermark = state.tracker.watermark();
-            let lag = newest.map(|n| n.saturating_sub(state.committed.unwrap_or(0)) + u64::from(state.committed.is_none()));
+            let lag = newest.map(|n| {
+                n.saturating_sub(state.committed.unwrap_or(0)) + u64::from(state.committed.is_none())
+            });
             IntakeMetrics::source_gauges(&self.config.group, id.as_str(), watermark, lag);
         }
     }

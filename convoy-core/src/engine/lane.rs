@@ -145,7 +145,14 @@ async fn handle_to_the_end(
         if !failure.retryable {
             tracing::warn!(error = %failure.text, class = failure.class, attempt, "dead-lettering");
             let reason = reason(ctx, &failure, attempt, first.1, now.1);
-            break dead_letter(ctx, stats, &message, reason, rng.get_or_insert_with(fastrand::Rng::new)).await;
+            break dead_letter(
+                ctx,
+                stats,
+                &message,
+                reason,
+                rng.get_or_insert_with(fastrand::Rng::new),
+            )
+            .await;
         }
         let rng = rng.get_or_insert_with(fastrand::Rng::new);
         let delay = failure
@@ -217,7 +224,13 @@ fn panicked(panic: Box<dyn Any + Send>) -> Failure {
     }
 }
 
-fn reason(ctx: &LaneContext, f: &Failure, attempts: u32, first: SystemTime, last: SystemTime) -> DeadLetterReason {
+fn reason(
+    ctx: &LaneContext,
+    f: &Failure,
+    attempts: u32,
+    first: SystemTime,
+    last: SystemTime,
+) -> DeadLetterReason {
     DeadLetterReason {
         cause: f.cause,
         error_class: f.class.to_owned(),

@@ -141,7 +141,12 @@ impl Engine {
         for shard_stats in &stats.shards {
             let (tx, rx) = mpsc::unbounded_channel();
             shards.push(tx);
-            let shard = Shard::new(rx, completions_tx.clone(), self.context.clone(), shard_stats.clone());
+            let shard = Shard::new(
+                rx,
+                completions_tx.clone(),
+                self.context.clone(),
+                shard_stats.clone(),
+            );
             shard_aborts.push(shard_tasks.spawn(shard.run()));
         }
         let intake = Intake::new(IntakeParts {

@@ -79,7 +79,10 @@ pub(crate) enum ShardCommand {
         reply: oneshot::Sender<Vec<(u64, usize)>>,
     },
     /// Abort in-flight messages of these assignments; their completions are never reported.
-    Cancel { epochs: Epochs, reply: oneshot::Sender<()> },
+    Cancel {
+        epochs: Epochs,
+        reply: oneshot::Sender<()>,
+    },
     /// Cancel this message wherever it is and dead-letter it with reason `stuck`.
     Stuck {
         epoch: u64,
@@ -134,7 +137,12 @@ impl Launcher {
     /// Starts `work` as the in-flight message of its lane.
     fn start(&mut self, work: Work) -> InFlight {
         let message = Arc::new(work.message);
-        let future = lane::process(self.ctx.clone(), self.stats.clone(), message.clone(), work.received);
+        let future = lane::process(
+            self.ctx.clone(),
+            self.stats.clone(),
+            message.clone(),
+            work.received,
+        );
         self.launch(work.lane, work.slot, work.epoch, work.seq, message, future)
     }
 
@@ -151,11 +159,13 @@ impl Launcher {
         self.next_ticket += 1;
         let (abort, registration) = AbortHandle::new_pair();
         self.running
-            .push(Box::pin(Abortable::new(future, registration).map(move |outcome| Finished {
-                lane,
-                ticket,
-                outcome,
-            })));
+            .push(Box::pin(Abortable::new(future, registration).map(
+                move |outcome| Finished {
+                    lane,
+                    ticket,
+                    outcome,
+                },
+            )));
         InFlight {
             ticket,
             slot,
@@ -363,7 +373,11 @@ impl Shard {
             let Some(work) = found else {
                 return; // finished meanwhile
             };
-            (LaneKey::Detached(self.launcher.next_ticket), work.slot, Arc::new(work.message))
+            (
+                LaneKey::Detached(self.launcher.next_ticket),
+                work.slot,
+                Arc::new(work.message),
+            )
         };
         tracing::error!(source = %message.source, offset = message.offset, ?waited, "message stuck past the stuck timeout; cancelling and dead-lettering it");
         let ctx = self.launcher.ctx.clone();
@@ -373,7 +387,9 @@ impl Shard {
         let future = async move {
             lane::dead_letter(&ctx, &stats, &dl_message, reason, &mut fastrand::Rng::new()).await
         };
-        let in_flight = self.launcher.launch(key.clone(), slot, epoch, seq, message, future);
+        let in_flight = self
+            .launcher
+            .launch(key.clone(), slot, epoch, seq, message, future);
         self.lanes.entry(key).or_default().busy = Some(in_flight);
     }
 }
