@@ -93,7 +93,7 @@ fn main() -> ExitCode {
         println!(
             "memory: {} messages, {} keys in {:.3} s = {:.0} msg/s (baseline {:.0} msg/s, ratio {:.3})\n\
              latency receipt→handled p50 {:.3} ms p95 {:.3} ms p99 {:.3} ms p99.9 {:.3} ms\n\
-             retries {} dead letters {} order violations {} lost {} duplicates {} peak held {} peak RSS {:.1} MiB",
+             retries {} dead letters {} order violations {} lost {} duplicates {} peak held {} peak RSS {:.1} MiB (after prefill {:.1} MiB)",
             report.messages,
             report.keys,
             report.elapsed_s,
@@ -111,6 +111,7 @@ fn main() -> ExitCode {
             report.duplicates,
             report.peak_held,
             report.peak_rss_mb,
+            report.rss_after_prefill_mb,
         );
     }
     if !report.completed || report.order_violations > 0 || report.lost > 0 {

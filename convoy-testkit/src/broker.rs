@@ -52,17 +52,87 @@ impl Default for Faults {
     }
 }
 
-#[derive(Clone)]
+/// One stored message, kept compact (a benchmark holds a million of them): the usually
+/// empty headers cost one pointer.
 struct Record {
     offset: Offset,
     key: Option<Bytes>,
     payload: Bytes,
-    headers: Headers,
+    headers: Option<Box<Headers>>,
+}
+
+impl Record {
+    fn new(offset: Offset, message: OutgoingMessage) -> Self {
+        Record {
+            offset,
+            key: message.key,
+            payload: message.payload,
+            headers: (!message.headers.is_empty()).then(|| Box::new(message.headers)),
+        }
+    }
+
+    fn to_message(&self, source: &SourceId) -> Message {
+        Message {
+            key: self.key.clone(),
+            payload: self.payload.clone(),
+            headers: self.headers.as_deref().cloned().unwrap_or_default(),
+            source: source.clone(),
+            offset: self.offset,
+        }
+    }
+}
+
+/// A partition's append-only log in fixed-size segments: no reallocation while it grows and
+/// no doubled capacity, so a million stored messages cost what they weigh.
+#[derive(Default)]
+struct Log {
+    segments: Vec<Vec<Record>>,
+}
+
+const SEGMENT: usize = 4096;
+
+impl Log {
+    fn push(&mut self, record: Record) {
+        match self.segments.last_mut() {
+            Some(segment) if segment.len() < SEGMENT => segment.push(record),
+            _ => {
+                let mut segment = Vec::with_capacity(SEGMENT);
+                segment.push(record);
+                self.segments.push(segment);
+            }
+        }
+    }
+
+    fn last(&self) -> Option<&Record> {
+        self.segments.last().and_then(|s| s.last())
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Record> {
+        self.segments.iter().flatten()
+    }
+
+    /// Up to `max` records with offsets ≥ `from`, in order.
+    fn read_from(&self, from: Offset, max: usize) -> impl Iterator<Item = &Record> {
+        let segment = self
+            .segments
+            .partition_point(|s| s.last().is_some_and(|r| r.offset < from));
+        let start = self
+            .segments
+            .get(segment)
+            .map_or(0, |s| s.partition_point(|r| r.offset < from));
+        self.segments
+            .get(segment..)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .flat_map(move |(i, s)| s[if i == 0 { start } else { 0 }..].iter())
+            .take(max)
+    }
 }
 
 #[derive(Default)]
 struct Partition {
-    log: Vec<Record>,
+    log: Log,
     next_offset: Offset,
     published: u64,
 }
@@ -220,12 +290,7 @@ impl MemoryBroker {
             }
             let offset = p.next_offset;
             p.next_offset += 1;
-            p.log.push(Record {
-                offset,
-                key: message.key,
-                payload: message.payload,
-                headers: message.headers,
-            });
+            p.log.push(Record::new(offset, message));
             Receipt {
                 source: source_id(topic, partition),
                 offset,
@@ -246,7 +311,7 @@ impl MemoryBroker {
             .enumerate()
             .flat_map(|(i, p)| {
                 let source = source_id(topic, i as u32);
-                p.log.iter().map(move |r| to_message(&source, r))
+                p.log.iter().map(move |r| r.to_message(&source))
             })
             .collect()
     }
@@ -526,15 +591,16 @@ impl MemoryBroker {
                     else {
                         continue;
                     };
-                    let start = p.log.partition_point(|r| r.offset < cursor.next);
-                    let end = (start + faults.max_batch.max(1)).min(p.log.len());
-                    if start == end {
-                        continue;
-                    }
                     let source = source_id(topic, *partition);
-                    let messages: Vec<Message> =
-                        p.log[start..end].iter().map(|r| to_message(&source, r)).collect();
-                    cursor.next = p.log[end - 1].offset + 1;
+                    let messages: Vec<Message> = p
+                        .log
+                        .read_from(cursor.next, faults.max_batch.max(1))
+                        .map(|r| r.to_message(&source))
+                        .collect();
+                    let Some(last) = messages.last() else {
+                        continue;
+                    };
+                    cursor.next = last.offset + 1;
                     out.push(SourceEvent::Messages { source, messages });
                     next_partition = index + 1;
                     break;
@@ -559,16 +625,6 @@ impl MemoryBroker {
                 }
             }
         }
-    }
-}
-
-fn to_message(source: &SourceId, r: &Record) -> Message {
-    Message {
-        key: r.key.clone(),
-        payload: r.payload.clone(),
-        headers: r.headers.clone(),
-        source: source.clone(),
-        offset: r.offset,
     }
 }
 

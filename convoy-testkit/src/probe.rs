@@ -86,7 +86,9 @@ pub fn probe_batch(
         buf.put_slice((i % keys.max(1)).to_string().as_bytes());
         spans.push((start, buf.len()));
     }
-    let keys_buf = buf.freeze();
+    // Copy into exact-size buffers: the slices keep their buffer alive as long as the broker
+    // stores the message, so spare capacity would be held for the whole run.
+    let keys_buf = Bytes::copy_from_slice(&buf);
     let mut out = Vec::with_capacity(count);
     let mut payloads = BytesMut::with_capacity(count * 8);
     let mut payload_spans = Vec::with_capacity(count);
@@ -97,7 +99,7 @@ pub fn probe_batch(
         payloads.put_slice(seq.to_string().as_bytes());
         payload_spans.push((key, start, payloads.len()));
     }
-    let payloads = payloads.freeze();
+    let payloads = Bytes::copy_from_slice(&payloads);
     for (key, s, e) in payload_spans {
         out.push(OutgoingMessage {
             key: Some(key),

@@ -101,6 +101,9 @@ pub struct ScenarioReport {
     pub ratio_to_baseline: f64,
     /// Peak resident memory of the process, MiB (broker storage included).
     pub peak_rss_mb: f64,
+    /// Resident memory once the topic was filled, before the engine started, MiB: the
+    /// in-process broker's storage and the checker's bookkeeping, not the engine's.
+    pub rss_after_prefill_mb: f64,
     /// Most messages the engine held at once.
     pub peak_held: usize,
     /// Whether every message finished before the limit.
@@ -109,11 +112,20 @@ pub struct ScenarioReport {
 
 /// Peak resident set size of this process in MiB (Linux `VmHWM`), 0 if unknown.
 pub fn peak_rss_mb() -> f64 {
+    proc_status_mb("VmHWM:")
+}
+
+/// Current resident set size of this process in MiB (Linux `VmRSS`), 0 if unknown.
+pub fn rss_mb() -> f64 {
+    proc_status_mb("VmRSS:")
+}
+
+fn proc_status_mb(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
         })
         .map_or(0.0, |kb| kb / 1024.0)
@@ -148,7 +160,7 @@ pub async fn run_memory(scenario: &Scenario) -> Result<ScenarioReport, String> {
 }
 
 async fn run_on_memory_bed(bed: &MemoryBed, scenario: &Scenario) -> Result<ScenarioReport, String> {
-    let checker = Arc::new(OrderChecker::new());
+    let checker = Arc::new(OrderChecker::with_capacity(scenario.keys));
     prefill(
         bed.publisher().as_ref(),
         &checker,
@@ -157,6 +169,7 @@ async fn run_on_memory_bed(bed: &MemoryBed, scenario: &Scenario) -> Result<Scena
     )
     .await
     .map_err(|e| format!("prefill failed: {e}"))?;
+    let rss_after_prefill = rss_mb();
     let plan = FaultPlan {
         seed: scenario.seed,
         transient_rate: scenario.transient_rate,
@@ -226,6 +239,7 @@ async fn run_on_memory_bed(bed: &MemoryBed, scenario: &Scenario) -> Result<Scena
             0.0
         },
         peak_rss_mb: peak_rss_mb(),
+        rss_after_prefill_mb: rss_after_prefill,
         peak_held: report.stats.peak_held,
         completed,
     })
