@@ -70,7 +70,8 @@ impl Default for BackPressure {
 pub struct EngineConfig {
     /// Consumer group name, written into dead-letter reasons and metrics.
     pub group: String,
-    /// Number of shards (workers owning lanes); 0 means one per available CPU.
+    /// Number of shards (tasks owning lanes); 0 means four per available CPU (measured best:
+    /// smaller lane maps per shard, and completions flow back in smaller, steadier batches).
     pub shards: usize,
     /// Retry policy for transient handler failures.
     pub retry: RetryPolicy,
@@ -162,10 +163,10 @@ impl EngineConfig {
         Ok(())
     }
 
-    /// The shard count after resolving 0 to the number of CPUs.
+    /// The shard count after resolving 0 to four per CPU.
     pub fn effective_shards(&self) -> usize {
         match self.shards {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            0 => 4 * std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         }
     }

@@ -25,7 +25,7 @@ struct Args {
     /// Partitions of the topic.
     #[arg(long, default_value_t = 8)]
     partitions: u32,
-    /// Engine shards (0: one per CPU).
+    /// Engine shards (0: the engine default, four per CPU).
     #[arg(long, default_value_t = 0)]
     shards: usize,
     /// Handler latency in milliseconds (an async timer, not CPU work).

@@ -28,7 +28,7 @@ pub struct Scenario {
     pub keys: usize,
     /// Sources (partitions) of the topic.
     pub partitions: u32,
-    /// Engine shards (0: one per CPU).
+    /// Engine shards (0: the engine default, four per CPU).
     pub shards: usize,
     /// Handler latency.
     pub latency: Latency,

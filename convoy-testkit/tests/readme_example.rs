@@ -16,7 +16,7 @@ async fn a_debit_never_applies_before_its_credit() {
     broker.create_topic("ledger", 4);
     let balances = Arc::new(Mutex::new(HashMap::<String, i64>::new()));
     let b = balances.clone();
-    let handler = typed(move |e: Entry, d| {
+    let handler = typed(move |e: Entry, d| {           // JSON-decoded; a bad payload is dead-lettered
         let b = b.clone();
         async move {
             let mut balances = b.lock().unwrap();

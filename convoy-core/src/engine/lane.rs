@@ -92,11 +92,13 @@ pub(crate) async fn process(
         trace_id = field::Empty,
         parent_span_id = field::Empty,
     );
-    if !span.is_disabled() {
-        if let Some(parent) = TraceContext::extract(&message.headers) {
-            span.record("trace_id", parent.trace_id_hex());
-            span.record("parent_span_id", parent.span_id_hex());
-        }
+    if span.is_disabled() {
+        // No subscriber wants it: skip entering and leaving a span on every poll.
+        return handle_to_the_end(&ctx, &stats, message, received, span).await;
+    }
+    if let Some(parent) = TraceContext::extract(&message.headers) {
+        span.record("trace_id", parent.trace_id_hex());
+        span.record("parent_span_id", parent.span_id_hex());
     }
     handle_to_the_end(&ctx, &stats, message, received, span.clone())
         .instrument(span)
