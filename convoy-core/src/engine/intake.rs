@@ -397,47 +397,47 @@ impl Intake {
             .collect()
     }
 
-    /// Asks every shard to drop queued messages of `epochs`; returns drops per epoch.
-    async fn drop_queued(&mut self, epochs: Epochs) -> HashMap<u64, usize> {
-        let mut replies = Vec::new();
+    /// Sends a command to every live shard and collects their replies.
+    async fn ask_shards<T>(&self, command: impl Fn(oneshot::Sender<T>) -> ShardCommand) -> Vec<T> {
+        let mut replies = Vec::with_capacity(self.shards.len());
         for shard in &self.shards {
             let (reply, rx) = oneshot::channel();
-            if shard
-                .send(ShardCommand::DropQueued {
-                    epochs: epochs.clone(),
-                    reply,
-                })
-                .is_ok()
-            {
+            if shard.send(command(reply)).is_ok() {
                 replies.push(rx);
             }
         }
-        let mut dropped = HashMap::new();
+        let mut answers = Vec::with_capacity(replies.len());
         for rx in replies {
-            for (epoch, n) in rx.await.unwrap_or_default() {
-                *dropped.entry(epoch).or_insert(0) += n;
+            // A shard that died without answering has nothing left to report.
+            if let Ok(answer) = rx.await {
+                answers.push(answer);
             }
+        }
+        answers
+    }
+
+    /// Asks every shard to drop queued messages of `epochs`; returns drops per epoch.
+    async fn drop_queued(&mut self, epochs: Epochs) -> HashMap<u64, usize> {
+        let answers = self
+            .ask_shards(|reply| ShardCommand::DropQueued {
+                epochs: epochs.clone(),
+                reply,
+            })
+            .await;
+        let mut dropped = HashMap::new();
+        for (epoch, n) in answers.into_iter().flatten() {
+            *dropped.entry(epoch).or_insert(0) += n;
         }
         dropped
     }
 
+    /// Asks every shard to abort in-flight messages of `epochs`, and waits until they did.
     async fn cancel(&mut self, epochs: Epochs) {
-        let mut replies = Vec::new();
-        for shard in &self.shards {
-            let (reply, rx) = oneshot::channel();
-            if shard
-                .send(ShardCommand::Cancel {
-                    epochs: epochs.clone(),
-                    reply,
-                })
-                .is_ok()
-            {
-                replies.push(rx);
-            }
-        }
-        for rx in replies {
-            let _ = rx.await;
-        }
+        self.ask_shards(|reply| ShardCommand::Cancel {
+            epochs: epochs.clone(),
+            reply,
+        })
+        .await;
     }
 
     /// Drops queued and aborts in-flight work of these sources.
