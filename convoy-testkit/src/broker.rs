@@ -560,8 +560,8 @@ impl MemoryBroker {
 
     /// A member's fetch loop: control events first, then one batch from the next unpaused
     /// source with data, taken under one lock so events reach the engine in a consistent
-    /// order. One batch per round keeps what is fetched after a pause to at most
-    /// `EVENT_CAPACITY + 1` batches.
+    /// order. One batch per round keeps what arrives after a pause to at most the
+    /// `EVENT_CAPACITY` queued batches plus the one held while waiting to send.
     async fn member_loop(self, id: u64, tx: mpsc::Sender<SourceEvent>, wake: Arc<Notify>) {
         let mut next_partition = 0usize;
         loop {

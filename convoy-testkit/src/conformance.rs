@@ -27,8 +27,8 @@ use crate::probe::{self, decode_seq, probe_key, FaultPlan, Latency, ProbeHandler
 /// What a transport can and cannot do, declared once instead of weakening a case.
 #[derive(Clone, Copy, Debug)]
 pub struct Capabilities {
-    /// The most messages the transport may still deliver after fetching was paused (batches
-    /// already fetched or buffered): the allowed back-pressure overshoot.
+    /// The most messages the engine may hold beyond the high-water mark: the batch that crossed
+    /// it plus what the transport had already fetched or buffered when fetching was paused.
     pub max_prefetch: usize,
 }
 
