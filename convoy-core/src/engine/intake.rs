@@ -49,7 +49,10 @@ struct SourceState {
 
 pub(crate) struct Intake {
     config: EngineConfig,
-    control: Box<dyn SourceControl>,
+    control: Arc<dyn SourceControl>,
+    /// The lag query in flight, if any (asked of the transport off the intake's own loop).
+    lag_probe: Option<tokio::task::JoinHandle<()>>,
+    last_lag_probe: Instant,
     events: mpsc::Receiver<SourceEvent>,
     completions: mpsc::UnboundedReceiver<Vec<Completion>>,
     shards: Vec<mpsc::UnboundedSender<ShardCommand>>,
@@ -87,7 +90,9 @@ impl Intake {
         Intake {
             metrics: IntakeMetrics::new(&parts.config.group),
             config: parts.config,
-            control: parts.subscription.control,
+            control: Arc::from(parts.subscription.control),
+            lag_probe: None,
+            last_lag_probe: Instant::now(),
             events: parts.subscription.events,
             completions: parts.completions,
             shards: parts.shards,
@@ -572,7 +577,7 @@ impl Intake {
             self.commit(None).await;
         }
         self.check_stuck();
-        self.report_gauges().await;
+        self.report_gauges();
     }
 
     /// Dead-letters a source's lowest unfinished message once it held the watermark back
@@ -611,26 +616,37 @@ impl Intake {
         }
     }
 
-    async fn report_gauges(&mut self) {
+    fn report_gauges(&mut self) {
         let lanes: usize = self.stats.shards.iter().map(|s| s.lanes.load(Relaxed)).sum();
         self.metrics.active_lanes.set(lanes as f64);
-        let ids: Vec<SourceId> = self.sources.iter().flatten().map(|s| s.id.clone()).collect();
-        if ids.is_empty() {
+        // Lag is asked of the transport (not derived from fetched messages) so it shows while
+        // paused. The query may be a broker round-trip: run it beside the loop, one at a time.
+        let busy = self.lag_probe.as_ref().is_some_and(|probe| !probe.is_finished());
+        if busy || self.last_lag_probe.elapsed() < self.config.commit_interval.max(Duration::from_millis(100))
+        {
             return;
         }
-        // Asked of the transport, not derived from fetched messages, so lag shows while paused.
-        let newest = self.control.last_offsets(&ids).await;
-        for (id, newest) in ids.iter().zip(newest) {
-            let Some(&slot) = self.by_id.get(id) else { continue };
-            let Some(state) = self.sources[slot as usize].as_ref() else {
-                continue;
-            };
-            let watermark = state.tracker.watermark();
-            let lag = newest.map(|n| {
-                n.saturating_sub(state.committed.unwrap_or(0)) + u64::from(state.committed.is_none())
-            });
-            IntakeMetrics::source_gauges(&self.config.group, id.as_str(), watermark, lag);
+        self.last_lag_probe = Instant::now();
+        let snapshot: Vec<(SourceId, Option<Offset>, Option<Offset>)> = self
+            .sources
+            .iter()
+            .flatten()
+            .map(|s| (s.id.clone(), s.tracker.watermark(), s.committed))
+            .collect();
+        if snapshot.is_empty() {
+            return;
         }
+        let control = self.control.clone();
+        let group = self.config.group.clone();
+        self.lag_probe = Some(tokio::spawn(async move {
+            let ids: Vec<SourceId> = snapshot.iter().map(|(id, _, _)| id.clone()).collect();
+            let newest = control.last_offsets(&ids).await;
+            for ((id, watermark, committed), newest) in snapshot.iter().zip(newest) {
+                let lag =
+                    newest.map(|n| n.saturating_sub(committed.unwrap_or(0)) + u64::from(committed.is_none()));
+                IntakeMetrics::source_gauges(&group, id.as_str(), *watermark, lag);
+            }
+        }));
     }
 
     /// Stops fetching, lets lanes finish (bounded), commits, and closes the transport.

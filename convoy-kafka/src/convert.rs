@@ -1,0 +1,82 @@
+//! Translation between Kafka records and convoy messages.
+
+use bytes::Bytes;
+use convoy_core::{Headers, Message, SourceId};
+use rdkafka::message::{BorrowedMessage, Header, Headers as _, OwnedHeaders};
+use rdkafka::Message as _;
+
+/// The source id of a topic-partition: `topic/partition`.
+pub fn source_id(topic: &str, partition: i32) -> SourceId {
+    SourceId::new(format!("{topic}/{partition}"))
+}
+
+/// The topic and partition of a source id made by [`source_id`].
+pub fn topic_partition(source: &SourceId) -> Option<(&str, i32)> {
+    let (topic, partition) = source.as_str().rsplit_once('/')?;
+    Some((topic, partition.parse().ok()?))
+}
+
+/// Copies a fetched record into a convoy message.
+pub fn to_message(record: &BorrowedMessage<'_>, source: &SourceId) -> Message {
+    let headers = record
+        .headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| {
+                    (
+                        h.key.to_owned(),
+                        h.value.map(Bytes::copy_from_slice).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Message {
+        key: record.key().map(Bytes::copy_from_slice),
+        payload: record.payload().map(Bytes::copy_from_slice).unwrap_or_default(),
+        headers,
+        source: source.clone(),
+        offset: record.offset().max(0) as u64,
+    }
+}
+
+/// convoy headers as Kafka record headers.
+pub fn to_kafka_headers(headers: &Headers) -> OwnedHeaders {
+    headers.iter().fold(
+        OwnedHeaders::new_with_capacity(headers.len()),
+        |acc, (key, value)| {
+            acc.insert(Header {
+                key,
+                value: Some(value.as_ref()),
+            })
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ids_round_trip_even_with_slashes_in_names() {
+        let s = source_id("orders.v2", 7);
+        assert_eq!(s.as_str(), "orders.v2/7");
+        assert_eq!(topic_partition(&s), Some(("orders.v2", 7)));
+        assert_eq!(topic_partition(&SourceId::new("nonsense")), None);
+    }
+
+    #[test]
+    fn headers_keep_order_and_repeats() {
+        let mut h = Headers::new();
+        h.append("a", "1");
+        h.append("a", "2");
+        h.append("traceparent", "00-x");
+        let k = to_kafka_headers(&h);
+        let back: Vec<(String, Vec<u8>)> = k
+            .iter()
+            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+            .collect();
+        assert_eq!(back.len(), 3);
+        assert_eq!(back[1], ("a".to_owned(), b"2".to_vec()));
+    }
+}

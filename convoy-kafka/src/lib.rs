@@ -1,0 +1,19 @@
+//! # convoy-kafka
+//!
+//! The Kafka transport for convoy, over rdkafka with its bundled librdkafka:
+//! - [`config`]: [`KafkaConfig`], validated, secrets redacted;
+//! - [`consumer`]: [`KafkaTransport`] — a consumer-group member whose partitions are sources,
+//!   each on its own split queue, with revoke drains and watermark commits (`W + 1`);
+//! - [`producer`]: [`KafkaPublisher`] (idempotent, murmur2-compatible) and [`KafkaDeadLetterSink`];
+//! - [`offset_map`]: finished offsets above the watermark in commit metadata;
+//! - [`convert`]: records ↔ messages.
+
+pub mod config;
+pub mod consumer;
+pub mod convert;
+pub mod offset_map;
+pub mod producer;
+
+pub use config::{Assignor, KafkaConfig};
+pub use consumer::KafkaTransport;
+pub use producer::{KafkaDeadLetterSink, KafkaPublisher};

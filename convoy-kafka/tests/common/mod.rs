@@ -1,0 +1,220 @@
+//! A Kafka conformance target: fresh topics and groups on the broker named by
+//! `CONVOY_KAFKA_BOOTSTRAP` (scripts/test starts Tansu and sets it).
+
+#![allow(dead_code, clippy::unwrap_used)] // shared by several test crates, each using a part
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use convoy_core::{
+    DeadLetterSink, Message, Offset, Publisher, SourceId, Subscription, Transport, TransportError,
+};
+use convoy_kafka::convert::{source_id, to_message};
+use convoy_kafka::{KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
+use convoy_testkit::conformance::{Capabilities, ConformanceTarget, TestBed};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
+
+pub const BOOTSTRAP_VAR: &str = "CONVOY_KAFKA_BOOTSTRAP";
+
+/// Logs to the test output when RUST_LOG is set.
+pub fn init_tracing() {
+    if std::env::var("RUST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+pub fn bootstrap() -> Option<String> {
+    std::env::var(BOOTSTRAP_VAR).ok().filter(|s| !s.is_empty())
+}
+
+static BEDS: AtomicU64 = AtomicU64::new(0);
+
+/// A unique name per process and call.
+pub fn unique(prefix: &str) -> String {
+    let n = BEDS.fetch_add(1, Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}-{}-{nanos:x}-{n}", std::process::id())
+}
+
+/// Test settings: fast group joins (Tansu takes session.timeout/2 per join).
+pub fn test_config(bootstrap: &str, group: &str, topic: &str) -> KafkaConfig {
+    let mut c = KafkaConfig::new(bootstrap, group, &[topic]);
+    c.session_timeout_ms = 6_000;
+    c.properties.insert("heartbeat.interval.ms".into(), "500".into());
+    c.properties
+        .insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
+    if let Ok(debug) = std::env::var("CONVOY_KAFKA_DEBUG") {
+        c.properties.insert("debug".into(), debug);
+    }
+    c
+}
+
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
+    }
+}
+
+pub struct KafkaTarget {
+    bootstrap: Option<String>,
+}
+
+impl KafkaTarget {
+    pub fn from_env() -> Self {
+        init_tracing();
+        KafkaTarget {
+            bootstrap: bootstrap(),
+        }
+    }
+}
+
+pub struct KafkaBed {
+    pub config: KafkaConfig,
+    pub topic: String,
+    pub partitions: i32,
+    publisher: Arc<KafkaPublisher>,
+    sink: Arc<KafkaDeadLetterSink>,
+}
+
+impl KafkaBed {
+    pub async fn new(bootstrap: &str, partitions: u32) -> Self {
+        let topic = unique("convoy-test");
+        let group = unique("convoy-group");
+        create_topic(bootstrap, &topic, partitions as i32).await;
+        let config = test_config(bootstrap, &group, &topic);
+        create_topic(bootstrap, &config.dlq_topic(), 1).await;
+        KafkaBed {
+            publisher: Arc::new(KafkaPublisher::new(&config, &topic).unwrap()),
+            sink: Arc::new(KafkaDeadLetterSink::new(&config).unwrap()),
+            topic,
+            partitions: partitions as i32,
+            config,
+        }
+    }
+}
+
+/// Reads every message of `topic` with a throwaway group until `expected` arrived or `limit`.
+pub fn read_topic(bootstrap: &str, topic: &str, expected: usize, limit: Duration) -> Vec<Message> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("convoy-reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let deadline = Instant::now() + limit;
+    let mut out = Vec::new();
+    while out.len() < expected && Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            use rdkafka::Message as _;
+            out.push(to_message(&m, &source_id(m.topic(), m.partition())));
+        }
+    }
+    out
+}
+
+/// The group's committed watermarks (`next - 1`) per partition.
+pub fn committed(config: &KafkaConfig, topic: &str, partitions: i32) -> BTreeMap<SourceId, Offset> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", &config.group_id)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    got.elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            KafkaOffset::Offset(next) if next > 0 => {
+                Some((source_id(e.topic(), e.partition()), (next - 1) as Offset))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[async_trait]
+impl TestBed for KafkaBed {
+    fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
+    }
+
+    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
+        self.sink.clone()
+    }
+
+    fn group(&self) -> &str {
+        &self.config.group_id
+    }
+
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        KafkaTransport::new(self.config.clone())
+            .map_err(|e| TransportError::broker("config", e))?
+            .with_revoke_timeout(Duration::from_secs(30))
+            .subscribe()
+            .await
+    }
+
+    async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError> {
+        let (bootstrap, topic) = (self.config.bootstrap_servers.clone(), self.config.dlq_topic());
+        tokio::task::spawn_blocking(move || read_topic(&bootstrap, &topic, expected, Duration::from_secs(30)))
+            .await
+            .map_err(|e| TransportError::broker("reading dead letters", e))
+    }
+
+    async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError> {
+        let (config, topic, partitions) = (self.config.clone(), self.topic.clone(), self.partitions);
+        tokio::task::spawn_blocking(move || committed(&config, &topic, partitions))
+            .await
+            .map_err(|e| TransportError::broker("reading committed offsets", e))
+    }
+}
+
+#[async_trait]
+impl ConformanceTarget for KafkaTarget {
+    fn capabilities(&self) -> Capabilities {
+        // librdkafka prefetches up to queued.min.messages (100,000 by default) per partition.
+        Capabilities {
+            max_prefetch: 100_000,
+        }
+    }
+
+    fn skip_reason(&self) -> Option<String> {
+        self.bootstrap
+            .is_none()
+            .then(|| format!("{BOOTSTRAP_VAR} is not set (scripts/test sets it after starting Tansu)"))
+    }
+
+    async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError> {
+        let bootstrap = self.bootstrap.as_deref().ok_or(TransportError::Closed)?;
+        Ok(Box::new(KafkaBed::new(bootstrap, partitions).await))
+    }
+}
