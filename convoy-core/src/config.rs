@@ -35,6 +35,8 @@ pub enum KeylessPolicy {
     PerSource,
     /// Each keyless message is handled independently, in parallel, with no order.
     Unordered,
+    /// Keyless messages are poison here: dead-letter them (cause `malformed`) unhandled.
+    DeadLetter,
 }
 
 /// Bounds on messages held (buffered in lanes + in flight), with hysteresis.
@@ -91,6 +93,8 @@ pub struct EngineConfig {
     pub back_pressure: BackPressure,
     /// What to do with keyless messages.
     pub keyless: KeylessPolicy,
+    /// Dead-letter (cause `malformed`) payloads larger than this, unhandled; `None`: no limit.
+    pub max_payload_bytes: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -111,6 +115,7 @@ impl Default for EngineConfig {
             stuck_timeout: None,
             back_pressure: BackPressure::default(),
             keyless: KeylessPolicy::PerSource,
+            max_payload_bytes: None,
         }
     }
 }

@@ -81,6 +81,7 @@ macro_rules! conformance_tests {
             malformed_payload_dead_letters,
             duplicate_delivery_skipped,
             hot_key_does_not_stall_others,
+            poison_input_dead_letters_with_reasons,
         );
     };
     (@cases $target:expr; $($case:ident),* $(,)?) => {
@@ -713,4 +714,72 @@ pub async fn hot_key_does_not_stall_others(target: &dyn ConformanceTarget) {
     wait_complete(&checker, "hot key").await;
     stop(consumer).await;
     assert_clean(&checker.report(), "hot key");
+}
+
+/// Poison input — a message without a key where keys are required, an oversized payload, an
+/// undecodable payload — is dead-lettered with its reason, unhandled, while its lane goes on.
+pub async fn poison_input_dead_letters_with_reasons(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 2).await;
+    let checker = Arc::new(OrderChecker::new());
+    let publisher = bed.publisher();
+    let mut poison = 0;
+    let mut undecodable = 0;
+    for round in 0..8 {
+        for k in 0..4 {
+            let key = probe_key("k", k);
+            probe::publish_probe(publisher.as_ref(), &checker, key.clone())
+                .await
+                .expect("publish");
+            let bad = match (round + k) % 6 {
+                0 => Some(OutgoingMessage::keyless(format!("keyless-{round}"))),
+                1 => Some(OutgoingMessage::new(key, "x".repeat(4096))),
+                2 => Some(OutgoingMessage::new(key, "{\"not\": \"a probe\"}")),
+                _ => None,
+            };
+            if let Some(bad) = bad {
+                publisher.publish(bad).await.expect("publish poison");
+                poison += 1;
+                undecodable += usize::from((round + k) % 6 == 2);
+            }
+        }
+    }
+    let mut config = test_config(bed.group());
+    config.keyless = convoy_core::KeylessPolicy::DeadLetter;
+    config.max_payload_bytes = Some(1024);
+    let handler = Arc::new(ProbeHandler::new(checker.clone()).counting_calls());
+    let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
+    let consumer = start(
+        sink.clone(),
+        handler.clone(),
+        config,
+        subscribe(bed.as_ref()).await,
+    );
+    wait_complete(&checker, "poison input").await;
+    assert!(checker.wait_for(LIMIT, |_| sink.recorded().len() >= poison).await);
+    stop(consumer).await;
+    assert_clean(&checker.report(), "poison input");
+    assert_eq!(
+        handler.calls() as usize,
+        32 + undecodable,
+        "only undecodable payloads reach the handler"
+    );
+    let dead = bed.dead_letters(poison).await.expect("dead letters readable");
+    assert_eq!(dead.len(), poison);
+    let mut reasons = std::collections::BTreeMap::new();
+    for m in &dead {
+        assert_eq!(header(m, DL_CAUSE), "malformed");
+        let error = header(m, DL_ERROR);
+        let kind = if error.contains("no key") {
+            assert!(m.key.is_none());
+            "missing key"
+        } else if error.contains("exceeds max_payload_bytes") {
+            assert_eq!(m.payload.len(), 4096, "the original payload is kept");
+            "oversized"
+        } else {
+            assert!(error.contains("not a probe sequence number"), "{error}");
+            "undecodable"
+        };
+        *reasons.entry(kind).or_insert(0) += 1;
+    }
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
 }

@@ -548,6 +548,7 @@ async fn keyless_messages_keep_their_source_order_or_run_unordered() {
                 }
             }
             KeylessPolicy::Unordered => assert!(max.load(Relaxed) > 2, "unordered runs in parallel"),
+            KeylessPolicy::DeadLetter => unreachable!("covered by the poison-input conformance case"),
         }
     }
 }

@@ -191,7 +191,7 @@ impl Intake {
         match (&message.key, self.config.keyless) {
             (Some(key), _) => LaneKey::Key(key.clone()),
             (None, KeylessPolicy::PerSource) => LaneKey::Source(epoch),
-            (None, KeylessPolicy::Unordered) => {
+            (None, KeylessPolicy::Unordered | KeylessPolicy::DeadLetter) => {
                 self.next_solo += 1;
                 LaneKey::Solo(self.next_solo)
             }

@@ -28,6 +28,8 @@ pub(crate) struct LaneContext {
     pub dead_letter_backoff: Backoff,
     pub sink: Arc<dyn DeadLetterSink>,
     pub idempotency: Option<Arc<dyn IdempotencyStore>>,
+    pub reject_keyless: bool,
+    pub max_payload_bytes: Option<usize>,
     pub group: String,
     pub metrics: LaneMetrics,
 }
@@ -123,6 +125,23 @@ async fn handle_to_the_end(
         }
     }
 
+    if let Some(problem) = screen(ctx, &message) {
+        tracing::warn!(error = %problem, "dead-lettering malformed input unhandled");
+        let now = SystemTime::now();
+        let failure = Failure {
+            class: "malformed",
+            text: problem,
+            retryable: false,
+            cause: DeadLetterCause::Malformed,
+            retry_after: None,
+        };
+        let reason = reason(ctx, &failure, 0, now, now);
+        let outcome = dead_letter(ctx, stats, &message, reason, &mut fastrand::Rng::new()).await;
+        if let (Some(store), Some(id)) = (&ctx.idempotency, event_id) {
+            store.insert(id).await;
+        }
+        return outcome;
+    }
     let mut attempt = 1u32;
     let mut first_failure: Option<(Instant, SystemTime)> = None;
     let mut rng: Option<fastrand::Rng> = None;
@@ -185,6 +204,22 @@ async fn handle_to_the_end(
         store.insert(id).await;
     }
     outcome
+}
+
+/// Input the engine refuses before any attempt, and why.
+fn screen(ctx: &LaneContext, message: &Message) -> Option<String> {
+    if ctx.reject_keyless && message.key.is_none() {
+        return Some(
+            "message has no key, and keyless messages are dead-lettered (KeylessPolicy::DeadLetter)".into(),
+        );
+    }
+    match ctx.max_payload_bytes {
+        Some(max) if message.payload.len() > max => Some(format!(
+            "payload of {} bytes exceeds max_payload_bytes ({max})",
+            message.payload.len()
+        )),
+        _ => None,
+    }
 }
 
 /// One attempt: panics and timeouts become failures like any other.

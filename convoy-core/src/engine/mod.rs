@@ -98,6 +98,8 @@ impl EngineBuilder {
                 dead_letter_backoff: self.config.dead_letter_backoff,
                 sink,
                 idempotency: self.idempotency,
+                reject_keyless: self.config.keyless == crate::config::KeylessPolicy::DeadLetter,
+                max_payload_bytes: self.config.max_payload_bytes,
                 metrics: LaneMetrics::new(&self.config.group),
                 group: self.config.group.clone(),
             }),
