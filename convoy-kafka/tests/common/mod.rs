@@ -79,13 +79,24 @@ pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
 
 pub struct KafkaTarget {
     bootstrap: Option<String>,
+    assignor: convoy_kafka::Assignor,
 }
 
 impl KafkaTarget {
+    /// The default (cooperative-sticky) assignor.
     pub fn from_env() -> Self {
         init_tracing();
         KafkaTarget {
             bootstrap: bootstrap(),
+            assignor: convoy_kafka::Assignor::default(),
+        }
+    }
+
+    /// An eager assignor: every rebalance revokes every partition first.
+    pub fn eager() -> Self {
+        KafkaTarget {
+            assignor: convoy_kafka::Assignor::Range,
+            ..KafkaTarget::from_env()
         }
     }
 }
@@ -99,11 +110,12 @@ pub struct KafkaBed {
 }
 
 impl KafkaBed {
-    pub async fn new(bootstrap: &str, partitions: u32) -> Self {
+    pub async fn new(bootstrap: &str, partitions: u32, assignor: convoy_kafka::Assignor) -> Self {
         let topic = unique("convoy-test");
         let group = unique("convoy-group");
         create_topic(bootstrap, &topic, partitions as i32).await;
-        let config = test_config(bootstrap, &group, &topic);
+        let mut config = test_config(bootstrap, &group, &topic);
+        config.assignor = assignor;
         create_topic(bootstrap, &config.dlq_topic(), 1).await;
         KafkaBed {
             publisher: Arc::new(KafkaPublisher::new(&config, &topic).unwrap()),
@@ -215,6 +227,6 @@ impl ConformanceTarget for KafkaTarget {
 
     async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError> {
         let bootstrap = self.bootstrap.as_deref().ok_or(TransportError::Closed)?;
-        Ok(Box::new(KafkaBed::new(bootstrap, partitions).await))
+        Ok(Box::new(KafkaBed::new(bootstrap, partitions, self.assignor).await))
     }
 }
