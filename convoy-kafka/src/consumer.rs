@@ -10,7 +10,7 @@
 //! waits (bounded) for the engine's acknowledgement — drained and committed — before librdkafka
 //! releases the partitions. A lost assignment is reported as `Lost` and never committed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
@@ -32,9 +32,9 @@ use crate::convert::{source_id, to_message, topic_partition};
 use crate::offset_map;
 
 /// Events buffered between the consumer threads and the engine.
-const EVENT_CAPACITY: usize = 16;
+pub const EVENT_CAPACITY: usize = 16;
 /// Most messages per batch from one partition.
-const MAX_BATCH: usize = 500;
+pub const MAX_BATCH: usize = 500;
 /// Poll timeout of the consumer threads (also how fast they notice a stop).
 const POLL: Duration = Duration::from_millis(50);
 /// Broker round-trips inside callbacks (committed offsets) give up after this long.
@@ -55,6 +55,11 @@ struct Shared {
     events: mpsc::Sender<SourceEvent>,
     consumer: OnceLock<Weak<KafkaConsumer>>,
     partitions: Mutex<HashMap<(String, i32), PartitionThread>>,
+    /// Partitions the engine paused. Pausing stops draining the partition's queue; librdkafka
+    /// keeps what it prefetched and stops fetching once its own queue limits are reached.
+    /// (librdkafka's own pause discards the prefetched messages and refetches them on resume:
+    /// measured 7× slower under back-pressure.)
+    paused: Mutex<HashSet<(String, i32)>>,
     /// Set when the member is leaving: callbacks stop talking to the engine.
     closing: AtomicBool,
     /// Set once the member left: the main poll thread ends.
@@ -78,6 +83,21 @@ impl Shared {
                 }
             }
         }
+    }
+
+    fn set_paused(&self, which: &[(String, i32)], paused: bool) {
+        let mut set = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        for tp in which {
+            if paused {
+                set.insert(tp.clone());
+            } else {
+                set.remove(tp);
+            }
+        }
+    }
+
+    fn is_paused(&self, tp: &(String, i32)) -> bool {
+        self.paused.lock().unwrap_or_else(|p| p.into_inner()).contains(tp)
     }
 
     fn stop_partitions(&self, which: &[(String, i32)]) {
@@ -115,6 +135,8 @@ impl ConvoyContext {
     fn on_assign(&self, consumer: &KafkaConsumer, tpl: &TopicPartitionList) -> Vec<SplitQueue> {
         let shared = &self.shared;
         let parts = partitions_of(tpl);
+        // A new assignment starts unpaused; the engine re-applies its back-pressure state.
+        shared.set_paused(&parts, false);
         let Some(owner) = shared.consumer.get().and_then(Weak::upgrade) else {
             return Vec::new();
         };
@@ -269,7 +291,14 @@ impl ConsumerContext for ConvoyContext {
 }
 
 fn partition_loop(queue: &PartitionQueue, source: &SourceId, shared: &Shared, stop: &AtomicBool) {
+    let (mut batches, mut messages, mut full_waits) = (0u64, 0u64, 0u64);
+    let started = Instant::now();
+    let tp = topic_partition(source).map(|(t, p)| (t.to_owned(), p));
     while !stop.load(SeqCst) {
+        if tp.as_ref().is_some_and(|tp| shared.is_paused(tp)) {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
         let mut batch = Vec::new();
         match queue.poll(POLL) {
             None => continue,
@@ -289,6 +318,8 @@ fn partition_loop(queue: &PartitionQueue, source: &SourceId, shared: &Shared, st
                 None => break,
             }
         }
+        batches += 1;
+        messages += batch.len() as u64;
         let mut event = SourceEvent::Messages {
             source: source.clone(),
             messages: batch,
@@ -303,12 +334,14 @@ fn partition_loop(queue: &PartitionQueue, source: &SourceId, shared: &Shared, st
                     if stop.load(SeqCst) {
                         return;
                     }
+                    full_waits += 1;
                     event = back;
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
         }
     }
+    tracing::debug!(%source, batches, messages, full_waits, elapsed = ?started.elapsed(), "partition thread stopped");
 }
 
 /// Opens Kafka subscriptions: each `subscribe` joins the group as a new member.
@@ -349,6 +382,7 @@ impl Transport for KafkaTransport {
             events,
             consumer: OnceLock::new(),
             partitions: Mutex::new(HashMap::new()),
+            paused: Mutex::new(HashSet::new()),
             closing: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             revoke_timeout: self.revoke_timeout,
@@ -414,14 +448,11 @@ impl KafkaControl {
             .ok_or(TransportError::Closed)
     }
 
-    fn tpl(sources: &[SourceId]) -> TopicPartitionList {
-        let mut tpl = TopicPartitionList::new();
-        for s in sources {
-            if let Some((t, p)) = topic_partition(s) {
-                tpl.add_partition(t, p);
-            }
-        }
-        tpl
+    fn partitions(sources: &[SourceId]) -> Vec<(String, i32)> {
+        sources
+            .iter()
+            .filter_map(|s| topic_partition(s).map(|(t, p)| (t.to_owned(), p)))
+            .collect()
     }
 
     /// Leaves the group, stops every thread and drops the consumer, off the runtime.
@@ -469,15 +500,13 @@ impl KafkaControl {
 #[async_trait]
 impl SourceControl for KafkaControl {
     fn pause(&self, sources: &[SourceId]) -> Result<(), TransportError> {
-        self.consumer()?
-            .pause(&Self::tpl(sources))
-            .map_err(|e| TransportError::broker("pausing partitions", e))
+        self.shared.set_paused(&Self::partitions(sources), true);
+        Ok(())
     }
 
     fn resume(&self, sources: &[SourceId]) -> Result<(), TransportError> {
-        self.consumer()?
-            .resume(&Self::tpl(sources))
-            .map_err(|e| TransportError::broker("resuming partitions", e))
+        self.shared.set_paused(&Self::partitions(sources), false);
+        Ok(())
     }
 
     async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {

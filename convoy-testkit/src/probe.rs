@@ -328,9 +328,30 @@ impl Handler for ProbeHandler {
         if let Some(offsets) = self.offsets.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             offsets.push((delivery.source().clone(), delivery.offset()));
         }
-        self.checker
-            .handled(&key, seq, Some(delivery.received().elapsed()));
+        self.checker.handled(&key, seq, Some(latency(&delivery)));
         Ok(())
+    }
+}
+
+/// Header a load generator may set: when the message was produced, microseconds since the
+/// Unix epoch. With it, latency is produce → handled; without it, receipt → handled.
+pub const SENT_AT_HEADER: &str = "probe-sent-us";
+
+/// Microseconds since the Unix epoch now (for [`SENT_AT_HEADER`]).
+pub fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn latency(delivery: &Delivery) -> Duration {
+    match delivery
+        .headers()
+        .get_str(SENT_AT_HEADER)
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        Some(sent) => Duration::from_micros(unix_micros().saturating_sub(sent)),
+        None => delivery.received().elapsed(),
     }
 }
 

@@ -227,6 +227,8 @@ impl ConformanceTarget for KafkaTarget {
 
     async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError> {
         let bootstrap = self.bootstrap.as_deref().ok_or(TransportError::Closed)?;
-        Ok(Box::new(KafkaBed::new(bootstrap, partitions, self.assignor).await))
+        Ok(Box::new(
+            KafkaBed::new(bootstrap, partitions, self.assignor).await,
+        ))
     }
 }
