@@ -197,13 +197,36 @@ async fn handle_to_the_end(
         }
         stats.retries.fetch_add(1, Relaxed);
         ctx.metrics.retries.increment(1);
-        tokio::time::sleep(delay).await;
+        backoff_wait(delay).await;
         attempt = attempt.saturating_add(1);
     };
     if let (Some(store), Some(id)) = (&ctx.idempotency, event_id) {
         store.insert(id).await;
     }
     outcome
+}
+
+/// Waits out a retry delay. Tokio's timer rounds every sleep up to the next millisecond, which
+/// would turn a sub-millisecond jittered backoff into ≥ 1 ms of lane time; delays under a
+/// millisecond are waited by yielding instead (other lanes keep running meanwhile). Yielding
+/// stops after `delay` of real time whatever the Tokio clock says, and the timer takes over, so
+/// a clock that does not move (a paused test clock) still ends the wait.
+async fn backoff_wait(delay: Duration) {
+    if delay >= Duration::from_millis(1) {
+        tokio::time::sleep(delay).await;
+        return;
+    }
+    let deadline = Instant::now() + delay;
+    let real = std::time::Instant::now();
+    while Instant::now() < deadline {
+        if real.elapsed() >= delay {
+            // A timer sleep completes on a later driver turn even when already due: only use
+            // it when the clock really lags (paused), not as the normal way out.
+            tokio::time::sleep_until(deadline).await;
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
 }
 
 /// Input the engine refuses before any attempt, and why.
