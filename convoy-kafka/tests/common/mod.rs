@@ -190,7 +190,7 @@ impl TestBed for KafkaBed {
     async fn subscribe(&self) -> Result<Subscription, TransportError> {
         KafkaTransport::new(self.config.clone())
             .map_err(|e| TransportError::broker("config", e))?
-            .with_revoke_timeout(Duration::from_secs(30))
+            .with_revoke_timeout(Duration::from_secs(10))
             .subscribe()
             .await
     }
