@@ -18,7 +18,7 @@ use convoy_kafka::{KafkaConfig, KafkaDeadLetterSink, KafkaTransport};
 use convoy_testkit::probe::{
     probe_batch, unix_micros, FaultPlan, Latency, ProbeHandler, RecordingSink, SENT_AT_HEADER,
 };
-use convoy_testkit::scenario::{peak_rss_mb, rss_mb, ScenarioReport};
+use convoy_testkit::scenario::{rss_mb, Measured, ScenarioReport};
 use convoy_testkit::OrderChecker;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -336,35 +336,21 @@ async fn run(args: &Args) -> Result<ScenarioReport, String> {
     let completed = checker.wait_complete(Duration::from_secs(600)).await;
     let elapsed = started.elapsed().as_secs_f64();
     let report = running.stop().await.map_err(|e| e.to_string())?;
-    let check = checker.report();
     let (bootstrap, bare_topic) = (args.bootstrap.clone(), topic.clone());
     let baseline = tokio::task::spawn_blocking(move || bare_drain(&bootstrap, &bare_topic, messages_total))
         .await
         .map_err(|e| e.to_string())??;
-    let (p50, p95, p99, p999) = checker.latency_percentiles_us();
-    let throughput = messages_total as f64 / elapsed;
-    Ok(ScenarioReport {
-        transport: "kafka".into(),
+    Ok(ScenarioReport::new(Measured {
+        transport: "kafka",
         messages: messages_total,
         keys: plan.keys,
         elapsed_s: elapsed,
-        throughput_msg_s: throughput,
-        p50_ms: p50 as f64 / 1000.0,
-        p95_ms: p95 as f64 / 1000.0,
-        p99_ms: p99 as f64 / 1000.0,
-        p999_ms: p999 as f64 / 1000.0,
-        retries: report.stats.retries,
-        dead_letters: check.dead_lettered,
-        order_violations: check.order_violations + check.overlaps,
-        lost: check.lost,
-        duplicates: check.duplicates,
-        baseline_throughput_msg_s: baseline,
-        ratio_to_baseline: throughput / baseline,
-        peak_rss_mb: peak_rss_mb(),
-        rss_after_prefill_mb: rss_before,
-        peak_held: report.stats.peak_held,
         completed,
-    })
+        checker: &checker,
+        stats: report.stats,
+        baseline_msg_s: baseline,
+        rss_before_mb: rss_before,
+    }))
 }
 
 fn main() -> ExitCode {
@@ -389,37 +375,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if args.json {
-        match serde_json::to_string(&report) {
-            Ok(json) => println!("{json}"),
-            Err(e) => {
-                eprintln!("cannot encode the report: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        println!(
-            "kafka {:?}: {} messages, {} keys in {:.3} s = {:.0} msg/s; bare rdkafka consumer {:.0} msg/s (ratio {:.3})\n\
-             latency p50 {:.3} ms p95 {:.3} ms p99 {:.3} ms p99.9 {:.3} ms; retries {} dead letters {} order violations {} lost {} duplicates {}",
-            args.scenario,
-            report.messages,
-            report.keys,
-            report.elapsed_s,
-            report.throughput_msg_s,
-            report.baseline_throughput_msg_s,
-            report.ratio_to_baseline,
-            report.p50_ms,
-            report.p95_ms,
-            report.p99_ms,
-            report.p999_ms,
-            report.retries,
-            report.dead_letters,
-            report.order_violations,
-            report.lost,
-            report.duplicates,
-        );
+    if let Err(e) = report.print(args.json) {
+        eprintln!("{e}");
+        return ExitCode::FAILURE;
     }
-    if !report.completed || report.order_violations > 0 || report.lost > 0 {
+    if !report.passed() {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

@@ -81,40 +81,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if args.json {
-        match serde_json::to_string(&report) {
-            Ok(json) => println!("{json}"),
-            Err(e) => {
-                eprintln!("cannot encode the report: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        println!(
-            "memory: {} messages, {} keys in {:.3} s = {:.0} msg/s (baseline {:.0} msg/s, ratio {:.3})\n\
-             latency receipt→handled p50 {:.3} ms p95 {:.3} ms p99 {:.3} ms p99.9 {:.3} ms\n\
-             retries {} dead letters {} order violations {} lost {} duplicates {} peak held {} peak RSS {:.1} MiB (after prefill {:.1} MiB)",
-            report.messages,
-            report.keys,
-            report.elapsed_s,
-            report.throughput_msg_s,
-            report.baseline_throughput_msg_s,
-            report.ratio_to_baseline,
-            report.p50_ms,
-            report.p95_ms,
-            report.p99_ms,
-            report.p999_ms,
-            report.retries,
-            report.dead_letters,
-            report.order_violations,
-            report.lost,
-            report.duplicates,
-            report.peak_held,
-            report.peak_rss_mb,
-            report.rss_after_prefill_mb,
-        );
+    if let Err(e) = report.print(args.json) {
+        eprintln!("{e}");
+        return ExitCode::FAILURE;
     }
-    if !report.completed || report.order_violations > 0 || report.lost > 0 {
+    if !report.passed() {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

@@ -110,6 +110,105 @@ pub struct ScenarioReport {
     pub completed: bool,
 }
 
+/// What a run measured, turned into a [`ScenarioReport`] by [`ScenarioReport::new`].
+pub struct Measured<'a> {
+    /// Transport name.
+    pub transport: &'a str,
+    /// Messages published.
+    pub messages: u64,
+    /// Distinct keys.
+    pub keys: usize,
+    /// Seconds measured.
+    pub elapsed_s: f64,
+    /// Whether every message finished before the limit.
+    pub completed: bool,
+    /// The checker (order, losses, duplicates, latency).
+    pub checker: &'a OrderChecker,
+    /// The engine's final counters.
+    pub stats: convoy_core::StatsSnapshot,
+    /// The bare baseline's rate (0 when not run).
+    pub baseline_msg_s: f64,
+    /// Resident memory before the engine started, MiB.
+    pub rss_before_mb: f64,
+}
+
+impl ScenarioReport {
+    /// The report of a run.
+    pub fn new(m: Measured<'_>) -> Self {
+        let check = m.checker.report();
+        let (p50, p95, p99, p999) = m.checker.latency_percentiles_us();
+        let throughput = m.messages as f64 / m.elapsed_s;
+        ScenarioReport {
+            transport: m.transport.to_owned(),
+            messages: m.messages,
+            keys: m.keys,
+            elapsed_s: m.elapsed_s,
+            throughput_msg_s: throughput,
+            p50_ms: p50 as f64 / 1000.0,
+            p95_ms: p95 as f64 / 1000.0,
+            p99_ms: p99 as f64 / 1000.0,
+            p999_ms: p999 as f64 / 1000.0,
+            retries: m.stats.retries,
+            dead_letters: check.dead_lettered,
+            order_violations: check.order_violations + check.overlaps,
+            lost: check.lost,
+            duplicates: check.duplicates,
+            baseline_throughput_msg_s: m.baseline_msg_s,
+            ratio_to_baseline: if m.baseline_msg_s > 0.0 {
+                throughput / m.baseline_msg_s
+            } else {
+                0.0
+            },
+            peak_rss_mb: peak_rss_mb(),
+            rss_after_prefill_mb: m.rss_before_mb,
+            peak_held: m.stats.peak_held,
+            completed: m.completed,
+        }
+    }
+
+    /// True when every message finished, in per-key order, none lost.
+    pub fn passed(&self) -> bool {
+        self.completed && self.order_violations == 0 && self.lost == 0
+    }
+
+    /// Prints exactly one JSON object (`json`), or a short human summary.
+    pub fn print(&self, json: bool) -> Result<(), String> {
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string(self).map_err(|e| format!("cannot encode the report: {e}"))?
+            );
+        } else {
+            println!(
+                "{}: {} messages, {} keys in {:.3} s = {:.0} msg/s (baseline {:.0} msg/s, ratio {:.3})\n\
+                 latency p50 {:.3} ms p95 {:.3} ms p99 {:.3} ms p99.9 {:.3} ms\n\
+                 retries {} dead letters {} order violations {} lost {} duplicates {} peak held {} \
+                 peak RSS {:.1} MiB (before the engine {:.1} MiB)",
+                self.transport,
+                self.messages,
+                self.keys,
+                self.elapsed_s,
+                self.throughput_msg_s,
+                self.baseline_throughput_msg_s,
+                self.ratio_to_baseline,
+                self.p50_ms,
+                self.p95_ms,
+                self.p99_ms,
+                self.p999_ms,
+                self.retries,
+                self.dead_letters,
+                self.order_violations,
+                self.lost,
+                self.duplicates,
+                self.peak_held,
+                self.peak_rss_mb,
+                self.rss_after_prefill_mb,
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Peak resident set size of this process in MiB (Linux `VmHWM`), 0 if unknown.
 pub fn peak_rss_mb() -> f64 {
     proc_status_mb("VmHWM:")
@@ -200,8 +299,6 @@ async fn run_on_memory_bed(bed: &MemoryBed, scenario: &Scenario) -> Result<Scena
     let completed = checker.wait_complete(scenario.limit).await;
     let elapsed = started.elapsed().as_secs_f64();
     let report = handle.stop().await.map_err(|e| e.to_string())?;
-    let check = checker.report();
-
     let baseline = if scenario.baseline {
         let started = Instant::now();
         let mut sum = 0u64;
@@ -215,32 +312,15 @@ async fn run_on_memory_bed(bed: &MemoryBed, scenario: &Scenario) -> Result<Scena
     } else {
         0.0
     };
-    let (p50, p95, p99, p999) = checker.latency_percentiles_us();
-    let throughput = scenario.messages as f64 / elapsed;
-    Ok(ScenarioReport {
-        transport: "memory".to_owned(),
+    Ok(ScenarioReport::new(Measured {
+        transport: "memory",
         messages: scenario.messages,
         keys: scenario.keys,
         elapsed_s: elapsed,
-        throughput_msg_s: throughput,
-        p50_ms: p50 as f64 / 1000.0,
-        p95_ms: p95 as f64 / 1000.0,
-        p99_ms: p99 as f64 / 1000.0,
-        p999_ms: p999 as f64 / 1000.0,
-        retries: report.stats.retries,
-        dead_letters: check.dead_lettered,
-        order_violations: check.order_violations + check.overlaps,
-        lost: check.lost,
-        duplicates: check.duplicates,
-        baseline_throughput_msg_s: baseline,
-        ratio_to_baseline: if baseline > 0.0 {
-            throughput / baseline
-        } else {
-            0.0
-        },
-        peak_rss_mb: peak_rss_mb(),
-        rss_after_prefill_mb: rss_after_prefill,
-        peak_held: report.stats.peak_held,
         completed,
-    })
+        checker: &checker,
+        stats: report.stats,
+        baseline_msg_s: baseline,
+        rss_before_mb: rss_after_prefill,
+    }))
 }
