@@ -24,7 +24,7 @@ use convoy_core::{
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::{ClientContext, Offset as KafkaOffset, TopicPartitionList};
+use rdkafka::{ClientContext, Message as _, Offset as KafkaOffset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::config::KafkaConfig;
@@ -429,8 +429,6 @@ impl Transport for KafkaTransport {
         })
     }
 }
-
-use rdkafka::Message as _;
 
 /// Pause/resume/commit for one member.
 struct KafkaControl {
