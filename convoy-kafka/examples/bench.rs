@@ -53,6 +53,9 @@ struct Args {
     /// Print exactly one JSON object.
     #[arg(long)]
     json: bool,
+    /// Live scenarios: offer messages at this rate (msg/s) instead of as fast as possible.
+    #[arg(long)]
+    rate: Option<f64>,
     /// Back-pressure: pause a partition when the engine holds this many of its messages
     /// (resume at half; the total bound is four times this).
     #[arg(long)]
@@ -128,15 +131,26 @@ async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(
 }
 
 /// Produces every message, pipelined, stamping the send time when `stamp` (latency is then
-/// produce → handled); returns when all are confirmed.
+/// produce → handled), as fast as possible or at `rate` msg/s; returns when all are confirmed.
 async fn produce(
     producer: &FutureProducer,
     topic: &str,
     messages: &[OutgoingMessage],
     stamp: bool,
+    rate: Option<f64>,
 ) -> Result<(), String> {
     let mut pending: Vec<DeliveryFuture> = Vec::with_capacity(messages.len());
-    for m in messages {
+    let start = Instant::now();
+    for (i, m) in messages.iter().enumerate() {
+        if let Some(rate) = rate {
+            // Open loop: message i is due at start + i / rate.
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            if let Some(ahead) = due.checked_duration_since(Instant::now()) {
+                if ahead > Duration::from_millis(1) {
+                    tokio::time::sleep(ahead).await;
+                }
+            }
+        }
         let mut record = FutureRecord::<[u8], [u8]>::to(topic).payload(m.payload.as_ref());
         if stamp {
             let sent = unix_micros().to_string();
@@ -228,7 +242,7 @@ async fn run(args: &Args) -> Result<ScenarioReport, String> {
             messages_total as usize,
         );
         let producer: FutureProducer = config.producer_config().create().map_err(|e| e.to_string())?;
-        produce(&producer, &topic, &messages, false).await?;
+        produce(&producer, &topic, &messages, false, None).await?;
         let mut sub = KafkaTransport::new(config.clone())
             .map_err(|e| e.to_string())?
             .subscribe()
@@ -264,7 +278,7 @@ async fn run(args: &Args) -> Result<ScenarioReport, String> {
         .create()
         .map_err(|e| e.to_string())?;
     if !plan.live {
-        produce(&producer, &topic, &messages, false).await?;
+        produce(&producer, &topic, &messages, false, None).await?;
     }
 
     let handler = ProbeHandler::with_faults(
@@ -326,9 +340,9 @@ async fn run(args: &Args) -> Result<ScenarioReport, String> {
     }
     let started = Instant::now();
     if plan.live {
-        let (producer, topic) = (producer.clone(), topic.clone());
+        let (producer, topic, rate) = (producer.clone(), topic.clone(), args.rate);
         tokio::spawn(async move {
-            if let Err(e) = produce(&producer, &topic, &messages, true).await {
+            if let Err(e) = produce(&producer, &topic, &messages, true, rate).await {
                 eprintln!("{e}");
             }
         });
