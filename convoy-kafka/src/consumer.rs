@@ -226,6 +226,11 @@ impl ConvoyContext {
                 Ok(()) => break true,
                 Err(tokio::sync::oneshot::error::TryRecvError::Closed) => break false,
                 Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
+                    // Closing means the engine already made its final commit and is waiting for
+                    // this thread to finish: the revoke needs nothing more from it.
+                    if shared.closing.load(SeqCst) {
+                        break true;
+                    }
                     if Instant::now() >= deadline {
                         break false;
                     }
