@@ -34,16 +34,31 @@ fn consumer_binary() -> PathBuf {
         .join("probe_consumer")
 }
 
-fn spawn(bootstrap: &str, topic: &str, group: &str, log: &Path, extra: &[&str]) -> Child {
-    Command::new(consumer_binary())
-        .args([bootstrap, topic, group, log.to_str().unwrap()])
-        .args(extra)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("probe_consumer example is built by cargo test")
+/// A consumer process; killed if still running when dropped (a failing test leaves none behind).
+struct Consumer(Child);
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }
 
-fn terminate(mut child: Child) {
+fn spawn(bootstrap: &str, topic: &str, group: &str, log: &Path, extra: &[&str]) -> Consumer {
+    Consumer(
+        Command::new(consumer_binary())
+            .args([bootstrap, topic, group, log.to_str().unwrap()])
+            .args(extra)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("probe_consumer example is built by cargo test"),
+    )
+}
+
+fn terminate(mut consumer: Consumer) {
+    let child = &mut consumer.0;
     let pid = child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -172,8 +187,8 @@ async fn sigkilled_members_restart_without_loss_or_committed_rework() {
     for round in 1..=3 {
         let mut victim = spawn(&s.bootstrap, &s.topic, &s.group, &s.log, &args);
         wait_distinct(&s.log, round * 300).await;
-        victim.kill().unwrap(); // SIGKILL: no drain, no commit, no leave
-        victim.wait().unwrap();
+        victim.0.kill().unwrap(); // SIGKILL: no drain, no commit, no leave
+        victim.0.wait().unwrap();
         let committed = common::committed(&config, &s.topic, 3);
         kills.push((read_log(&s.log).len(), committed));
     }
