@@ -18,7 +18,7 @@ use convoy_kafka::{KafkaConfig, KafkaDeadLetterSink, KafkaTransport};
 use convoy_testkit::probe::{
     probe_batch, unix_micros, FaultPlan, Latency, ProbeHandler, RecordingSink, SENT_AT_HEADER,
 };
-use convoy_testkit::scenario::{rss_mb, Measured, ScenarioReport};
+use convoy_testkit::scenario::{bench_main, rss_mb, Measured, ScenarioReport};
 use convoy_testkit::OrderChecker;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -375,26 +375,5 @@ fn main() -> ExitCode {
             .init();
     }
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the Tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let report = match runtime.block_on(run(&args)) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("benchmark failed: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Err(e) = report.print(args.json) {
-        eprintln!("{e}");
-        return ExitCode::FAILURE;
-    }
-    if !report.passed() {
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    bench_main(args.json, run(&args))
 }

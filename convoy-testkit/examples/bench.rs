@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::Parser;
 use convoy_core::{Backoff, Jitter, RetryPolicy};
 use convoy_testkit::probe::Latency;
-use convoy_testkit::scenario::{run_memory, Scenario};
+use convoy_testkit::scenario::{bench_main, run_memory, Scenario};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark the convoy engine on the in-memory broker (with a bare-drain baseline)")]
@@ -67,26 +67,5 @@ fn main() -> ExitCode {
         baseline: !args.no_baseline,
         ..Scenario::default()
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the Tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let report = match runtime.block_on(run_memory(&scenario)) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("benchmark failed: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if let Err(e) = report.print(args.json) {
-        eprintln!("{e}");
-        return ExitCode::FAILURE;
-    }
-    if !report.passed() {
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    bench_main(args.json, run_memory(&scenario))
 }

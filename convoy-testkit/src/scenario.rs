@@ -209,6 +209,38 @@ impl ScenarioReport {
     }
 }
 
+/// The body of a benchmark program: runs `run` on a multi-threaded Tokio runtime, prints its
+/// report (`json`: exactly one JSON object), and fails unless every message finished in order.
+pub fn bench_main<F>(json: bool, run: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<ScenarioReport, String>>,
+{
+    use std::process::ExitCode;
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the Tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = match runtime.block_on(run) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("benchmark failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = report.print(json) {
+        eprintln!("{e}");
+        return ExitCode::FAILURE;
+    }
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 /// Peak resident set size of this process in MiB (Linux `VmHWM`), 0 if unknown.
 pub fn peak_rss_mb() -> f64 {
     proc_status_mb("VmHWM:")
