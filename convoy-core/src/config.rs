@@ -27,6 +27,13 @@ impl ConfigError {
     }
 }
 
+/// True for setting names whose values must never be printed (passwords, secrets, private
+/// keys, token configuration), whatever the broker.
+pub fn is_secret(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("password") || n.contains("secret") || n.ends_with(".key.pem") || n.contains("oauthbearer.config")
+}
+
 /// What happens to messages without a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KeylessPolicy {

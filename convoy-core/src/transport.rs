@@ -191,11 +191,25 @@ pub struct Receipt {
 pub trait Publisher: Send + Sync + 'static {
     /// Publishes one message, confirmed.
     async fn publish(&self, message: OutgoingMessage) -> Result<Receipt, TransportError>;
+
+    /// Publishes messages in order, pipelined where the broker allows, and returns once every
+    /// one is confirmed. Messages of one key keep their order. The default sends one at a time.
+    async fn publish_all(&self, messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
+        let mut receipts = Vec::with_capacity(messages.len());
+        for message in messages {
+            receipts.push(self.publish(message).await?);
+        }
+        Ok(receipts)
+    }
 }
 
 #[async_trait]
 impl<P: Publisher + ?Sized> Publisher for std::sync::Arc<P> {
     async fn publish(&self, message: OutgoingMessage) -> Result<Receipt, TransportError> {
         (**self).publish(message).await
+    }
+
+    async fn publish_all(&self, messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
+        (**self).publish_all(messages).await
     }
 }

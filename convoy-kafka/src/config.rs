@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use convoy_core::config::is_secret;
 use convoy_core::ConfigError;
 use rdkafka::ClientConfig;
 use serde::Deserialize;
@@ -78,15 +79,6 @@ const RESERVED: [&str; 4] = [
     "bootstrap.servers",
 ];
 
-/// True for property names whose values must never be printed.
-pub fn is_secret(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    n.contains("password")
-        || n.contains("secret")
-        || n.ends_with(".key.pem")
-        || n.contains("oauthbearer.config")
-}
-
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let properties: BTreeMap<&str, &str> = self
@@ -120,6 +112,45 @@ impl KafkaConfig {
             commit_interval_ms: default_commit_interval_ms(),
             properties: BTreeMap::new(),
         }
+    }
+
+    /// Sets one field or librdkafka property by name, as a URL parameter gives it:
+    /// `session_timeout_ms`, `assignor`, `commit_interval_ms`, or any name with a dot (a
+    /// librdkafka property such as `security.protocol` or `fetch.wait.max.ms`).
+    pub fn apply_param(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
+        let number = |field: &str| {
+            value
+                .parse::<u64>()
+                .map_err(|_| ConfigError::invalid(field, format!("expected a number, got {value:?}")))
+        };
+        match name {
+            "session_timeout_ms" => self.session_timeout_ms = number(name)?,
+            "commit_interval_ms" => self.commit_interval_ms = number(name)?,
+            "assignor" => {
+                self.assignor = match value {
+                    "cooperative-sticky" => Assignor::CooperativeSticky,
+                    "range" => Assignor::Range,
+                    "roundrobin" | "round-robin" => Assignor::RoundRobin,
+                    other => {
+                        return Err(ConfigError::invalid(
+                            "assignor",
+                            format!("expected cooperative-sticky, range or roundrobin, got {other:?}"),
+                        ))
+                    }
+                }
+            }
+            property if property.contains('.') => {
+                self.properties.insert(property.to_owned(), value.to_owned());
+            }
+            other => {
+                return Err(ConfigError::invalid(
+                    other,
+                    "unknown Kafka setting: use session_timeout_ms, assignor, commit_interval_ms, \
+                     or a librdkafka property (its name contains a dot)",
+                ))
+            }
+        }
+        Ok(())
     }
 
     /// Checks every field; the error names the first bad one.
@@ -191,7 +222,8 @@ impl KafkaConfig {
             .unwrap_or_else(|| format!("{}.dlq", self.topics.first().map_or("convoy", String::as_str)))
     }
 
-    fn base(&self) -> ClientConfig {
+    /// Bootstrap servers and the extra properties (TLS, SASL): what every client shares.
+    pub(crate) fn base(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap_servers);
         for (k, v) in &self.properties {

@@ -6,8 +6,12 @@
 //!   each on its own split queue, with revoke drains and watermark commits (`W + 1`);
 //! - [`producer`]: [`KafkaPublisher`] (idempotent, murmur2-compatible) and [`KafkaDeadLetterSink`];
 //! - [`offset_map`]: finished offsets above the watermark in commit metadata;
+//! - [`admin`]: reachability, topic creation, reading a topic without a group;
+//! - [`baseline`]: the bare-consumer drain benchmarks compare against;
 //! - [`convert`]: records ↔ messages.
 
+pub mod admin;
+pub mod baseline;
 pub mod config;
 pub mod consumer;
 pub mod convert;

@@ -2,13 +2,15 @@
 //! every message gets a stable event id and a `traceparent` unless it carries them already.
 //! The dead-letter sink publishes to the DLQ topic the same way.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use convoy_core::{
     DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TraceContext, TransportError,
     EVENT_ID_HEADER,
 };
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::config::KafkaConfig;
@@ -44,19 +46,62 @@ impl KafkaPublisher {
 
     async fn send(&self, message: &OutgoingMessage) -> Result<Receipt, TransportError> {
         let headers = to_kafka_headers(&message.headers);
+        match self.producer.send(self.record(message, headers), QUEUE_TIMEOUT).await {
+            Ok(delivery) => Ok(self.receipt(delivery.partition, delivery.offset)),
+            Err((e, _)) => Err(TransportError::broker(format!("publishing to {}", self.topic), e)),
+        }
+    }
+
+    fn record<'a>(&'a self, message: &'a OutgoingMessage, headers: OwnedHeaders) -> FutureRecord<'a, [u8], [u8]> {
         let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic)
             .payload(message.payload.as_ref())
             .headers(headers);
         if let Some(key) = &message.key {
             record = record.key(key.as_ref());
         }
-        match self.producer.send(record, QUEUE_TIMEOUT).await {
-            Ok(delivery) => Ok(Receipt {
-                source: source_id(&self.topic, delivery.partition),
-                offset: delivery.offset.max(0) as u64,
-            }),
-            Err((e, _)) => Err(TransportError::broker(format!("publishing to {}", self.topic), e)),
+        record
+    }
+
+    fn receipt(&self, partition: i32, offset: i64) -> Receipt {
+        Receipt {
+            source: source_id(&self.topic, partition),
+            offset: offset.max(0) as u64,
         }
+    }
+
+    /// Enqueues every message before awaiting any confirmation: librdkafka keeps enqueue order
+    /// per partition (and, being idempotent, across retries), so per-key order holds.
+    async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
+        let started = Instant::now();
+        let mut pending = Vec::with_capacity(messages.len());
+        for message in messages {
+            let mut record = self.record(message, to_kafka_headers(&message.headers));
+            loop {
+                match self.producer.send_result(record) {
+                    Ok(delivery) => break pending.push(delivery),
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                        if started.elapsed() < QUEUE_TIMEOUT =>
+                    {
+                        record = back;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err((e, _)) => {
+                        return Err(TransportError::broker(format!("publishing to {}", self.topic), e))
+                    }
+                }
+            }
+        }
+        let mut receipts = Vec::with_capacity(pending.len());
+        for delivery in pending {
+            match delivery.await {
+                Ok(Ok(d)) => receipts.push(self.receipt(d.partition, d.offset)),
+                Ok(Err((e, _))) => {
+                    return Err(TransportError::broker(format!("publishing to {}", self.topic), e))
+                }
+                Err(_) => return Err(TransportError::Closed),
+            }
+        }
+        Ok(receipts)
     }
 }
 
@@ -66,16 +111,28 @@ fn new_event_id() -> String {
     format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
 }
 
+/// Gives a message an event id and a trace context unless it carries them already.
+fn stamp(message: &mut OutgoingMessage) {
+    if message.headers.get(EVENT_ID_HEADER).is_none() {
+        message.headers.insert(EVENT_ID_HEADER, new_event_id());
+    }
+    if TraceContext::extract(&message.headers).is_none() {
+        TraceContext::new_root().inject(&mut message.headers);
+    }
+}
+
 #[async_trait]
 impl Publisher for KafkaPublisher {
     async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
-        if message.headers.get(EVENT_ID_HEADER).is_none() {
-            message.headers.insert(EVENT_ID_HEADER, new_event_id());
-        }
-        if TraceContext::extract(&message.headers).is_none() {
-            TraceContext::new_root().inject(&mut message.headers);
-        }
+        stamp(&mut message);
         self.send(&message).await
+    }
+
+    async fn publish_all(&self, mut messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
+        for message in &mut messages {
+            stamp(message);
+        }
+        self.send_all(&messages).await
     }
 }
 

@@ -11,7 +11,8 @@ use std::time::Duration;
 use clap::Parser;
 use convoy_core::{Backoff, Jitter, RetryPolicy};
 use convoy_testkit::probe::Latency;
-use convoy_testkit::scenario::{bench_main, run_memory, Scenario};
+use convoy_testkit::memory::run_memory;
+use convoy_testkit::scenario::{bench_main, Scenario};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark the convoy engine on the in-memory broker (with a bare-drain baseline)")]
@@ -67,5 +68,5 @@ fn main() -> ExitCode {
         baseline: !args.no_baseline,
         ..Scenario::default()
     };
-    bench_main(args.json, run_memory(&scenario))
+    bench_main(args.json, run_memory(&scenario, &|_, _| {}))
 }

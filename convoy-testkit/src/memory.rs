@@ -13,6 +13,8 @@ use convoy_core::{
 
 use crate::broker::MemoryBroker;
 use crate::conformance::{Capabilities, ConformanceTarget, TestBed};
+use crate::probe::decode_seq;
+use crate::scenario::{Progress, ScenarioBed, ScenarioReport, Scenario};
 use crate::transport::{MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
 
 /// Largest batch the memory broker hands out per partition in conformance runs.
@@ -88,36 +90,89 @@ impl MemoryBed {
     pub fn topic(&self) -> &str {
         &self.topic
     }
+}
 
-    /// Drains the topic with a bare group member and no engine (the benchmark baseline):
-    /// returns the messages read once `expected` arrived, or fewer if `limit` passed.
-    pub async fn bare_drain(&self, expected: u64, limit: Duration, mut each: impl FnMut(&Message)) -> u64 {
-        let n = self.broker.members(&self.group).len();
-        let bare = MemoryTransport::new(
-            &self.broker,
-            format!("{}-bare-{n}", self.group),
-            &[self.topic.as_str()],
-        );
-        let Ok(mut sub) = bare.subscribe().await else {
-            return 0;
-        };
-        let deadline = tokio::time::Instant::now() + limit;
-        let mut seen = 0u64;
-        while seen < expected {
-            match tokio::time::timeout_at(deadline, sub.events.recv()).await {
-                Ok(Some(SourceEvent::Messages { messages, .. })) => {
-                    for m in &messages {
-                        each(m);
-                    }
-                    seen += messages.len() as u64;
+/// Drains `topic` with a bare member of a new group on `broker` and no engine: returns the
+/// messages read once `expected` arrived, or fewer if `limit` passed.
+pub async fn bare_drain(
+    broker: &MemoryBroker,
+    topic: &str,
+    expected: u64,
+    limit: Duration,
+    mut each: impl FnMut(&Message),
+) -> u64 {
+    static BARE: AtomicU64 = AtomicU64::new(0);
+    let group = format!("{topic}-bare-{}", BARE.fetch_add(1, Relaxed));
+    let Ok(mut sub) = MemoryTransport::new(broker, group, &[topic]).subscribe().await else {
+        return 0;
+    };
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut seen = 0u64;
+    while seen < expected {
+        match tokio::time::timeout_at(deadline, sub.events.recv()).await {
+            Ok(Some(SourceEvent::Messages { messages, .. })) => {
+                for m in &messages {
+                    each(m);
                 }
-                Ok(Some(SourceEvent::Revoked { ack, .. })) => ack.done(),
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
+                seen += messages.len() as u64;
             }
+            Ok(Some(SourceEvent::Revoked { ack, .. })) => ack.done(),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
         }
-        let _ = sub.control.close().await;
-        seen
+    }
+    let _ = sub.control.close().await;
+    seen
+}
+
+/// The rate of [`bare_drain`], in messages per second, reading each probe's sequence number
+/// so the drain does the minimum a consumer does.
+pub async fn bare_drain_rate(broker: &MemoryBroker, topic: &str, expected: u64, limit: Duration) -> f64 {
+    let started = std::time::Instant::now();
+    let mut sum = 0u64;
+    let seen = bare_drain(broker, topic, expected, limit, |m| {
+        sum = sum.wrapping_add(decode_seq(&m.payload).unwrap_or(0));
+    })
+    .await;
+    std::hint::black_box(sum);
+    seen as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Runs a benchmark scenario on a fresh memory broker.
+pub async fn run_memory(scenario: &Scenario, progress: Progress<'_>) -> Result<ScenarioReport, String> {
+    let target = MemoryTarget::on(MemoryBroker::new());
+    let bed = target.memory_bed(scenario.partitions);
+    crate::scenario::run(&bed, scenario, progress).await
+}
+
+#[async_trait]
+impl ScenarioBed for MemoryBed {
+    fn transport(&self) -> &str {
+        "memory"
+    }
+
+    fn group(&self) -> &str {
+        &self.group
+    }
+
+    fn partitions(&self) -> u32 {
+        self.broker.partitions(&self.topic).unwrap_or(0)
+    }
+
+    fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
+    }
+
+    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
+        self.sink.clone()
+    }
+
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        self.transport.subscribe().await
+    }
+
+    async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError> {
+        Ok(bare_drain_rate(&self.broker, &self.topic, expected, limit).await)
     }
 }
 

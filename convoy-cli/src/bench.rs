@@ -1,0 +1,99 @@
+//! `convoy bench`: a scenario of convoy-testkit's runner on a fresh topic of the URL's broker,
+//! a progress bar while it runs, then the result table (or one JSON object).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use convoy::bench::ConnectionBed;
+use convoy::{Backoff, ConnectConfig, Jitter, RetryPolicy};
+use convoy_testkit::probe::Latency;
+use convoy_testkit::scenario::{run as run_scenario, Load, Scenario};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cli::{BenchArgs, ScenarioName};
+use crate::settings::connect;
+
+/// The seed's retry policy: backoff 1 ms, factor 2, cap 100 ms, full jitter.
+fn seed_retry() -> RetryPolicy {
+    RetryPolicy {
+        backoff: Backoff {
+            base: Duration::from_millis(1),
+            factor: 2.0,
+            cap: Duration::from_millis(100),
+            jitter: Jitter::Full,
+        },
+        ..RetryPolicy::default()
+    }
+}
+
+/// The scenario the arguments describe.
+pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
+    let (messages, keys, transient, load) = match args.scenario {
+        ScenarioName::Seed => (50_000, 10, 0.1, Load::Live { rate: args.rate }),
+        ScenarioName::SeedLoad => {
+            let rate = args.rate.unwrap_or(20_000.0);
+            if !(rate > 0.0 && args.duration > 0.0) {
+                return Err("seed-load needs a positive --rate and --duration".into());
+            }
+            let messages = (rate * args.duration).round() as u64;
+            (messages, 1_000, 0.0, Load::Live { rate: Some(rate) })
+        }
+        ScenarioName::Custom => (
+            100_000,
+            1_000,
+            0.0,
+            args.rate.map_or(Load::Prefill, |rate| Load::Live { rate: Some(rate) }),
+        ),
+    };
+    let transient_rate = args.transient_rate.unwrap_or(transient);
+    if !(0.0..=1.0).contains(&transient_rate) {
+        return Err(format!("--transient-rate must be between 0 and 1, got {transient_rate}"));
+    }
+    let work_ms = args.work_ms.unwrap_or(0.0);
+    if !(0.0..=60_000.0).contains(&work_ms) {
+        return Err(format!("--work-ms must be between 0 and 60000, got {work_ms}"));
+    }
+    Ok(Scenario {
+        messages: args.messages.unwrap_or(messages).max(1),
+        keys: args.keys.unwrap_or(keys).max(1),
+        partitions: args.partitions.max(1),
+        shards: args.shards,
+        latency: if work_ms > 0.0 {
+            Latency::Fixed(Duration::from_secs_f64(work_ms / 1000.0))
+        } else {
+            Latency::None
+        },
+        transient_rate,
+        seed: 7,
+        retry: seed_retry(),
+        load,
+        baseline: !args.no_baseline,
+        ..Scenario::default()
+    })
+}
+
+/// Runs the benchmark; fails (exit 1) unless every message finished in per-key order.
+pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
+    let scenario = scenario(args)?;
+    let connection = connect(config).await?;
+    let bed = ConnectionBed::new(&connection, scenario.partitions)
+        .await
+        .map_err(|e| e.to_string())?;
+    let bar = ProgressBar::with_draw_target(Some(scenario.messages), ProgressDrawTarget::stderr());
+    if args.json {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} finished ({per_sec})")
+            .map_err(|e| e.to_string())?,
+    );
+    let progress = |finished: u64, _total: u64| bar.set_position(finished);
+    let report = run_scenario(&bed, &scenario, &progress).await?;
+    bar.finish_and_clear();
+    report.print(args.json)?;
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

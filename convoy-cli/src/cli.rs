@@ -1,0 +1,199 @@
+//! The command line: global connection flags and one subcommand.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// convoy — per-key ordered message handling (the sequential convoy) over memory or Kafka.
+///
+/// Every command talks to the broker named by --url: `memory://` (the embedded broker: zero
+/// setup, lives inside this one process) or `kafka://host:port`. Settings come from flags, then
+/// CONVOY_* environment variables (CONVOY_URL, CONVOY_GROUP, CONVOY_TOPICS, CONVOY_DLQ_TOPIC,
+/// CONVOY_PARTITIONS), then --config FILE (TOML with the same names).
+///
+/// Start with `convoy bench`: it runs the seed scenario on memory:// and prints a table.
+#[derive(Parser, Debug)]
+#[command(name = "convoy", version, max_term_width = 100)]
+pub struct Cli {
+    /// Broker URL, e.g. memory:// or kafka://127.0.0.1:9092?group=billing&topics=ledger
+    /// (any librdkafka property may be added as a parameter, e.g. &security.protocol=ssl).
+    #[arg(long, global = true)]
+    pub url: Option<String>,
+    /// TOML file with url, group, topics, dlq_topic, partitions and [properties].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Consumer group.
+    #[arg(long, global = true)]
+    pub group: Option<String>,
+    /// Topic to consume or publish to (repeat for several).
+    #[arg(long = "topic", global = true, value_name = "TOPIC")]
+    pub topics: Vec<String>,
+    /// Dead-letter topic (default: <first topic>.dlq).
+    #[arg(long, global = true, value_name = "TOPIC")]
+    pub dlq_topic: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a benchmark scenario on a fresh topic, verify per-key order for every key, and
+    /// compare with a bare client draining the same topic.
+    Bench(BenchArgs),
+    /// Publish keyed messages: lines `KEY<TAB>PAYLOAD` from a file or stdin, or generated.
+    Produce(ProduceArgs),
+    /// Consume through lanes with a handler that prints source, offset, key and attempt.
+    Consume(ConsumeArgs),
+    /// Inspect and replay dead letters.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+/// The benchmark scenarios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScenarioName {
+    /// 50,000 messages over 10 keys, 10 % failing transiently once (backoff 1 ms ×2, cap
+    /// 100 ms, full jitter), produced live; latency is produce → handled.
+    Seed,
+    /// 1,000 keys at an offered rate (--rate) for a duration (--duration): was the rate held,
+    /// what is the latency tail.
+    SeedLoad,
+    /// Your numbers: --messages, --keys, --work-ms, --transient-rate, and --rate for a live
+    /// producer (without it the topic is filled first, then drained).
+    Custom,
+}
+
+/// `convoy bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Which scenario.
+    #[arg(long, value_enum, default_value = "seed")]
+    pub scenario: ScenarioName,
+    /// Messages (custom; overrides seed's 50,000).
+    #[arg(long)]
+    pub messages: Option<u64>,
+    /// Distinct keys.
+    #[arg(long)]
+    pub keys: Option<usize>,
+    /// Offered rate in messages per second (seed-load: default 20,000).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// seed-load: seconds to offer the rate for.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Partitions of the benchmark topic.
+    #[arg(long, default_value_t = 8)]
+    pub partitions: u32,
+    /// Milliseconds of async work per message (a timer, not CPU).
+    #[arg(long)]
+    pub work_ms: Option<f64>,
+    /// Fraction of messages failing transiently once (retried in their lane).
+    #[arg(long)]
+    pub transient_rate: Option<f64>,
+    /// Engine shards (0: four per CPU).
+    #[arg(long, default_value_t = 0)]
+    pub shards: usize,
+    /// Skip the bare-client baseline.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `convoy produce`.
+#[derive(Args, Debug)]
+pub struct ProduceArgs {
+    /// Read lines from this file instead of stdin.
+    #[arg(long, value_name = "FILE", conflicts_with = "generate")]
+    pub file: Option<PathBuf>,
+    /// Separator between key and payload on each line.
+    #[arg(long, default_value = "\t")]
+    pub separator: String,
+    /// Lines are payloads only; publish them without a key.
+    #[arg(long)]
+    pub keyless: bool,
+    /// Generate this many messages instead of reading lines: payload {"key":..,"seq":..}.
+    #[arg(long, value_name = "COUNT")]
+    pub generate: Option<u64>,
+    /// Generated messages are spread over this many keys (key-0, key-1, …).
+    #[arg(long, default_value_t = 10)]
+    pub keys: usize,
+    /// Header added to every message, NAME=VALUE (repeatable).
+    #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_pair)]
+    pub headers: Vec<(String, String)>,
+}
+
+/// `convoy consume`.
+#[derive(Args, Debug)]
+pub struct ConsumeArgs {
+    /// Stop (draining and committing) after this many messages were finished.
+    #[arg(long, value_name = "COUNT")]
+    pub max_messages: Option<u64>,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898 (GET /metrics).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Do not print each message.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// `convoy dlq …`.
+#[derive(Subcommand, Debug)]
+pub enum DlqCommand {
+    /// Show dead letters with their reasons.
+    List {
+        /// Which ones.
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// One JSON object per dead letter.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Publish selected dead letters again to the topic they came from, with their original
+    /// key and headers, so they are handled after the cause is fixed.
+    Replay {
+        /// Which ones (at least one condition, or --all).
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// Replay every dead letter.
+        #[arg(long)]
+        all: bool,
+        /// Publish to this topic instead of each message's original one.
+        #[arg(long, value_name = "TOPIC")]
+        to: Option<String>,
+        /// Show what would be replayed, publish nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Dead-letter selection; conditions combine.
+#[derive(Args, Debug, Default)]
+pub struct SelectionArgs {
+    /// Only this key (repeatable).
+    #[arg(long = "key", value_name = "KEY")]
+    pub keys: Vec<String>,
+    /// Only dead letters whose cause, error class or error contains this text.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Only these offsets of the dead-letter topic: A..B (inclusive) or one offset.
+    #[arg(long, value_name = "A..B", value_parser = convoy::dlq::parse_offsets)]
+    pub offsets: Option<std::ops::RangeInclusive<u64>>,
+}
+
+impl SelectionArgs {
+    /// True when no condition was given.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.reason.is_none() && self.offsets.is_none()
+    }
+}
+
+fn parse_pair(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("expected NAME=VALUE, got {text:?}"))
+}

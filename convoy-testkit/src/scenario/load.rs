@@ -1,0 +1,70 @@
+//! Offering probe messages: all at once before the run, or live at a rate.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use convoy_core::{Publisher, TransportError};
+
+use crate::checker::OrderChecker;
+use crate::probe::{probe_batch, unix_micros, SENT_AT_HEADER};
+
+/// Messages handed to the publisher at once: large enough to pipeline on a network broker,
+/// small enough that buffers are shared by few messages (parallel shards would otherwise
+/// contend on one buffer's reference count).
+const CHUNK: usize = 256;
+
+/// Most messages sent in one live step when unthrottled.
+const LIVE_BURST: usize = 4_096;
+
+/// Publishes `messages` probes over `keys` keys.
+pub async fn prefill(
+    publisher: &dyn Publisher,
+    checker: &OrderChecker,
+    messages: u64,
+    keys: usize,
+) -> Result<(), TransportError> {
+    let mut from = 0usize;
+    while (from as u64) < messages {
+        let count = CHUNK.min(messages as usize - from);
+        publisher
+            .publish_all(probe_batch(checker, "key-", keys, from, count))
+            .await?;
+        from += count;
+    }
+    Ok(())
+}
+
+/// Publishes `messages` probes stamped with their send time, at `rate` msg/s (open loop:
+/// message i is due at start + i / rate) or as fast as the publisher confirms. Returns the
+/// rate achieved.
+pub(super) async fn live(
+    publisher: Arc<dyn Publisher>,
+    checker: Arc<OrderChecker>,
+    messages: u64,
+    keys: usize,
+    rate: Option<f64>,
+) -> Result<f64, TransportError> {
+    let total = messages as usize;
+    let start = Instant::now();
+    let mut sent = 0usize;
+    while sent < total {
+        let due = match rate {
+            Some(rate) => ((start.elapsed().as_secs_f64() * rate) as usize + 1).min(total),
+            None => total,
+        };
+        if due <= sent {
+            let next = start + Duration::from_secs_f64((sent as f64) / rate.unwrap_or(f64::INFINITY));
+            tokio::time::sleep_until(next.max(Instant::now() + Duration::from_millis(1)).into()).await;
+            continue;
+        }
+        let count = (due - sent).min(LIVE_BURST);
+        let stamp = unix_micros().to_string();
+        let batch = probe_batch(&checker, "key-", keys, sent, count)
+            .into_iter()
+            .map(|m| m.header(SENT_AT_HEADER, stamp.clone()))
+            .collect();
+        publisher.publish_all(batch).await?;
+        sent += count;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}

@@ -1,0 +1,223 @@
+//! The benchmark scenario runner shared by the benchmark programs and `convoy bench`: load
+//! generator, order checker, latency histogram and a bare-client baseline, over any
+//! [`ScenarioBed`] (a fresh topic, group and dead-letter topic on some broker).
+//!
+//! Two loads:
+//! - [`Load::Prefill`]: the topic is filled first, then the engine drains it; the clock runs
+//!   from the first finished message to the last, latency is receipt → handled;
+//! - [`Load::Live`]: the engine runs first and a producer offers messages while it consumes,
+//!   as fast as it can or at a fixed rate; latency is produce → handled.
+//!
+//! After the engine's run the baseline drains the same topic with a bare client in the same
+//! process, so the ratio survives a noisy machine.
+
+mod load;
+mod report;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use convoy_core::{
+    BackPressure, DeadLetterSink, Engine, EngineConfig, Publisher, RetryPolicy, Subscription, TransportError,
+};
+
+pub use load::prefill;
+pub use report::{bench_main, peak_rss_mb, rss_mb, Measured, ScenarioReport};
+
+use crate::checker::OrderChecker;
+use crate::probe::{FaultPlan, Latency, ProbeHandler, RecordingSink};
+
+/// How messages are offered.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Load {
+    /// Fill the topic, then drain it.
+    Prefill,
+    /// Produce while the engine consumes; `rate` in messages per second, `None` for as fast as
+    /// the producer goes.
+    Live {
+        /// Offered rate.
+        rate: Option<f64>,
+    },
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Messages to publish and consume.
+    pub messages: u64,
+    /// Distinct keys (messages are spread round-robin over them).
+    pub keys: usize,
+    /// Sources (partitions) of the topic.
+    pub partitions: u32,
+    /// Engine shards (0: the engine default, four per CPU).
+    pub shards: usize,
+    /// Handler latency.
+    pub latency: Latency,
+    /// Fraction of messages failing transiently once.
+    pub transient_rate: f64,
+    /// Seed for the fault choices.
+    pub seed: u64,
+    /// Retry policy for the transient failures.
+    pub retry: RetryPolicy,
+    /// Back-pressure bounds.
+    pub back_pressure: BackPressure,
+    /// How messages are offered.
+    pub load: Load,
+    /// Run the bare baseline too.
+    pub baseline: bool,
+    /// Give up waiting after this long.
+    pub limit: Duration,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            messages: 1_000_000,
+            keys: 10_000,
+            partitions: 8,
+            shards: 0,
+            latency: Latency::None,
+            transient_rate: 0.0,
+            seed: 1,
+            retry: RetryPolicy::default(),
+            back_pressure: BackPressure::default(),
+            load: Load::Prefill,
+            baseline: true,
+            limit: Duration::from_secs(600),
+        }
+    }
+}
+
+/// A fresh topic (with [`Scenario::partitions`] partitions), consumer group and dead-letter
+/// topic on some broker, with a bare client for the baseline.
+#[async_trait]
+pub trait ScenarioBed: Send + Sync {
+    /// The transport's name for reports (`memory`, `kafka`).
+    fn transport(&self) -> &str;
+    /// The consumer group the engine joins.
+    fn group(&self) -> &str;
+    /// Partitions of the topic.
+    fn partitions(&self) -> u32;
+    /// Publishes to the topic.
+    fn publisher(&self) -> Arc<dyn Publisher>;
+    /// Dead letters go here.
+    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink>;
+    /// Joins the group.
+    async fn subscribe(&self) -> Result<Subscription, TransportError>;
+    /// Drains the topic with a bare client of the broker (its own group, no engine, no
+    /// ordering) and returns its rate in messages per second.
+    async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError>;
+}
+
+/// Finished and total message counts while a run goes on.
+pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
+
+/// Runs `scenario` on `bed`, calling `progress(finished, total)` every 100 ms.
+pub async fn run(bed: &dyn ScenarioBed, scenario: &Scenario, progress: Progress<'_>) -> Result<ScenarioReport, String> {
+    let checker = Arc::new(OrderChecker::with_capacity(scenario.keys));
+    if scenario.load == Load::Prefill {
+        prefill(bed.publisher().as_ref(), &checker, scenario.messages, scenario.keys)
+            .await
+            .map_err(|e| format!("filling the topic failed: {e}"))?;
+    }
+    let rss_before = rss_mb();
+    let handler = ProbeHandler::with_faults(
+        checker.clone(),
+        FaultPlan {
+            seed: scenario.seed,
+            transient_rate: scenario.transient_rate,
+            transient_attempts: 1,
+            latency: scenario.latency,
+            ..FaultPlan::default()
+        },
+    );
+    let config = EngineConfig {
+        group: bed.group().to_owned(),
+        shards: scenario.shards,
+        retry: scenario.retry,
+        back_pressure: scenario.back_pressure,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::builder(handler)
+        .config(config)
+        .dead_letter_sink(RecordingSink::new(bed.dead_letter_sink(), checker.clone()))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let subscription = bed.subscribe().await.map_err(|e| format!("subscribing failed: {e}"))?;
+    let running = engine.spawn(subscription);
+    let joined = Instant::now() + Duration::from_secs(60);
+    // The clock measures consumption, not the group join (the baseline's clock likewise starts
+    // at its first message).
+    let all_assigned = || running.stats().sources >= bed.partitions() as usize;
+    let producer = match scenario.load {
+        Load::Prefill => {
+            while checker.finished() == 0 && Instant::now() < joined {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            None
+        }
+        Load::Live { rate } => {
+            while !all_assigned() && Instant::now() < joined {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Some(tokio::spawn(load::live(
+                bed.publisher(),
+                checker.clone(),
+                scenario.messages,
+                scenario.keys,
+                rate,
+            )))
+        }
+    };
+    let started = Instant::now();
+    let completed = wait_with_progress(&checker, scenario, progress).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let engine_report = running.stop().await.map_err(|e| e.to_string())?;
+    let produced_rate = match producer {
+        Some(task) => Some(
+            task.await
+                .map_err(|e| format!("the producer failed: {e}"))?
+                .map_err(|e| format!("producing failed: {e}"))?,
+        ),
+        None => None,
+    };
+    let baseline = if scenario.baseline {
+        bed.bare_drain(scenario.messages, scenario.limit)
+            .await
+            .map_err(|e| format!("the baseline failed: {e}"))?
+    } else {
+        0.0
+    };
+    let mut report = ScenarioReport::new(Measured {
+        transport: bed.transport(),
+        messages: scenario.messages,
+        keys: scenario.keys,
+        elapsed_s: elapsed,
+        completed,
+        checker: &checker,
+        stats: engine_report.stats,
+        baseline_msg_s: baseline,
+        rss_before_mb: rss_before,
+    });
+    if let Load::Live { rate } = scenario.load {
+        report.set_offered(rate, produced_rate.unwrap_or(0.0));
+    }
+    Ok(report)
+}
+
+async fn wait_with_progress(checker: &OrderChecker, scenario: &Scenario, progress: Progress<'_>) -> bool {
+    // A live producer registers messages as it goes: complete means all of them, finished.
+    let done = checker.wait_for(scenario.limit, |c| c.published() >= scenario.messages && c.complete());
+    tokio::pin!(done);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            completed = &mut done => {
+                progress(checker.finished(), scenario.messages);
+                return completed;
+            }
+            _ = tick.tick() => progress(checker.finished(), scenario.messages),
+        }
+    }
+}

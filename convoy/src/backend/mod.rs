@@ -1,0 +1,48 @@
+//! The brokers a URL can name, each behind its cargo feature.
+
+#[cfg(feature = "kafka")]
+pub(crate) mod kafka;
+#[cfg(feature = "memory")]
+pub(crate) mod memory;
+
+use crate::error::ConnectError;
+use crate::settings::Endpoint;
+
+/// A connected backend.
+pub(crate) enum Backend {
+    #[cfg(feature = "memory")]
+    Memory(convoy_testkit::MemoryBroker),
+    #[cfg(feature = "kafka")]
+    Kafka(convoy_kafka::KafkaConfig),
+}
+
+/// Opens the backend an endpoint names, or says which feature or crate provides it.
+pub(crate) async fn open(endpoint: &Endpoint) -> Result<Backend, ConnectError> {
+    match endpoint.scheme.as_str() {
+        #[cfg(feature = "memory")]
+        "memory" => memory::open(endpoint),
+        #[cfg(not(feature = "memory"))]
+        "memory" => Err(ConnectError::NotCompiled {
+            scheme: "memory",
+            feature: "memory",
+        }),
+        #[cfg(feature = "kafka")]
+        "kafka" => kafka::open(endpoint).await,
+        #[cfg(not(feature = "kafka"))]
+        "kafka" => Err(ConnectError::NotCompiled {
+            scheme: "kafka",
+            feature: "kafka",
+        }),
+        "amqp" | "amqps" => Err(ConnectError::NotBuiltYet {
+            scheme: "amqp",
+            broker: "RabbitMQ",
+            krate: "convoy-amqp",
+        }),
+        "nats" => Err(ConnectError::NotBuiltYet {
+            scheme: "nats",
+            broker: "NATS JetStream",
+            krate: "convoy-nats",
+        }),
+        other => Err(ConnectError::UnknownScheme(other.to_owned())),
+    }
+}

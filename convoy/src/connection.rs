@@ -1,0 +1,225 @@
+//! A connection to the broker a URL names: the same handler code runs on any of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use convoy_core::{DeadLetterSink, Message, Publisher, Subscription, Transport, TransportError};
+
+use crate::backend::{self, Backend};
+use crate::error::ConnectError;
+use crate::settings::{ConnectConfig, Endpoint};
+
+/// Connects to the broker `url` names (see [`ConnectConfig`] for the URL's parameters).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), convoy::ConnectError> {
+/// let memory = convoy::connect("memory://?topics=ledger").await?;
+/// let kafka = convoy::connect("kafka://127.0.0.1:9092?group=billing&topics=ledger").await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Connection, ConnectError> {
+    ConnectConfig::url(url).connect().await
+}
+
+impl ConnectConfig {
+    /// Connects with these settings.
+    pub async fn connect(&self) -> Result<Connection, ConnectError> {
+        let endpoint = self.resolve()?;
+        let backend = backend::open(&endpoint).await?;
+        Ok(Connection { endpoint, backend })
+    }
+}
+
+/// A connected broker: subscribes (it is a [`Transport`]), publishes, dead-letters, and does
+/// what tools need (create and read topics, a bare-client baseline).
+pub struct Connection {
+    endpoint: Endpoint,
+    backend: Backend,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("endpoint", &self.endpoint).finish()
+    }
+}
+
+fn no_topics() -> TransportError {
+    TransportError::broker(
+        "subscribing",
+        "no topics to consume: add ?topics=NAME to the URL (or `topics` in the config file)",
+    )
+}
+
+impl Connection {
+    /// The resolved settings.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The same broker with another consumer group.
+    pub fn with_group(&self, group: impl Into<String>) -> Connection {
+        self.with(|e| e.group = group.into())
+    }
+
+    /// The same broker consuming other topics.
+    pub fn with_topics(&self, topics: &[&str]) -> Connection {
+        self.with(|e| e.topics = topics.iter().map(|t| (*t).to_owned()).collect())
+    }
+
+    /// The same broker with another dead-letter topic.
+    pub fn with_dlq_topic(&self, topic: impl Into<String>) -> Connection {
+        self.with(|e| e.dlq_topic = Some(topic.into()))
+    }
+
+    fn with(&self, change: impl FnOnce(&mut Endpoint)) -> Connection {
+        let mut endpoint = self.endpoint.clone();
+        change(&mut endpoint);
+        let backend = match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(b) => Backend::Memory(b.clone()),
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(c) => Backend::Kafka(c.clone()),
+        };
+        Connection { endpoint, backend }
+    }
+
+    /// The dead-letter topic: the one configured, or `<first topic>.dlq`.
+    pub fn dlq_topic(&self) -> Result<String, ConnectError> {
+        self.endpoint.dlq_topic().ok_or_else(|| {
+            convoy_core::ConfigError::invalid(
+                "dlq_topic",
+                "no dead-letter topic: add ?dlq=NAME (or ?topics=NAME, whose dead letters go to NAME.dlq)",
+            )
+            .into()
+        })
+    }
+
+    /// A confirmed, keyed publisher to `topic`.
+    pub fn publisher(&self, topic: &str) -> Result<Arc<dyn Publisher>, ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(broker) => {
+                backend::memory::ensure_topic(broker, topic, self.endpoint.partitions);
+                Ok(Arc::new(convoy_testkit::MemoryPublisher::new(broker, topic)))
+            }
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => Ok(Arc::new(convoy_kafka::KafkaPublisher::new(config, topic)?)),
+        }
+    }
+
+    /// The dead-letter sink writing to [`Connection::dlq_topic`].
+    pub fn dead_letter_sink(&self) -> Result<Arc<dyn DeadLetterSink>, ConnectError> {
+        let topic = self.dlq_topic()?;
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(broker) => {
+                backend::memory::ensure_topic(broker, &topic, 1);
+                Ok(Arc::new(convoy_testkit::MemoryDeadLetterSink::new(broker, topic)))
+            }
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => {
+                let mut config = config.clone();
+                config.dlq_topic = Some(topic);
+                Ok(Arc::new(convoy_kafka::KafkaDeadLetterSink::new(&config)?))
+            }
+        }
+    }
+
+    /// Creates `topic` with `partitions` partitions unless it exists.
+    pub async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(broker) => {
+                backend::memory::ensure_topic(broker, topic, partitions);
+                Ok(())
+            }
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => {
+                let partitions = i32::try_from(partitions).unwrap_or(i32::MAX);
+                Ok(convoy_kafka::admin::create_topics(config, &[(topic, partitions)]).await?)
+            }
+        }
+    }
+
+    /// Creates the consumed topics (with the configured partitions) and the dead-letter topic
+    /// (one partition) where they do not exist.
+    pub async fn create_topics(&self) -> Result<(), ConnectError> {
+        for topic in &self.endpoint.topics {
+            self.create_topic(topic, self.endpoint.partitions).await?;
+        }
+        if let Some(dlq) = self.endpoint.dlq_topic() {
+            self.create_topic(&dlq, 1).await?;
+        }
+        Ok(())
+    }
+
+    /// Every message of `topic`, source by source in offset order, without joining a group.
+    pub async fn read_topic(&self, topic: &str) -> Result<Vec<Message>, ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(broker) => Ok(broker.read_all(topic)),
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => {
+                Ok(convoy_kafka::admin::read_topic(config, topic, Duration::from_secs(3)).await?)
+            }
+        }
+    }
+
+    /// The benchmark baseline: a bare client of the broker drains `expected` messages of
+    /// `topic` (own group, no engine); returns messages per second.
+    pub async fn bare_drain(&self, topic: &str, expected: u64, limit: Duration) -> Result<f64, ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(broker) => {
+                Ok(convoy_testkit::memory::bare_drain_rate(broker, topic, expected, limit).await)
+            }
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => {
+                let config = backend::kafka::config_for(config, &self.endpoint, true)?;
+                Ok(convoy_kafka::baseline::bare_drain(&config, topic, expected, limit).await?)
+            }
+        }
+    }
+
+    /// The embedded broker behind a `memory://` connection.
+    #[cfg(feature = "memory")]
+    pub fn memory_broker(&self) -> Option<&convoy_testkit::MemoryBroker> {
+        match &self.backend {
+            Backend::Memory(broker) => Some(broker),
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(_) => None,
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for Connection {
+    /// Joins the group and consumes the configured topics.
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        if self.endpoint.topics.is_empty() {
+            return Err(no_topics());
+        }
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(broker) => {
+                let topics: Vec<&str> = self.endpoint.topics.iter().map(String::as_str).collect();
+                for topic in &topics {
+                    backend::memory::ensure_topic(broker, topic, self.endpoint.partitions);
+                }
+                convoy_testkit::MemoryTransport::new(broker, self.endpoint.group.as_str(), &topics)
+                    .subscribe()
+                    .await
+            }
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => {
+                let config = backend::kafka::config_for(config, &self.endpoint, false)
+                    .map_err(|e| TransportError::broker("configuring the Kafka consumer", e))?;
+                convoy_kafka::KafkaTransport::new(config)
+                    .map_err(|e| TransportError::broker("configuring the Kafka consumer", e))?
+                    .subscribe()
+                    .await
+            }
+        }
+    }
+}

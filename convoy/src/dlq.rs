@@ -1,0 +1,245 @@
+//! Dead letters for operators: read them with their reasons, pick some, and replay them to
+//! the topic they came from once the cause is fixed.
+//!
+//! A replayed message keeps its key, payload and headers (the `convoy-dl-*` reason headers
+//! removed) and goes to the end of its key's stream, so it is handled after everything its key
+//! already had. Its event id becomes `<original id>/replay/<dead-letter position>`: an
+//! idempotency store that remembered the original (dead-lettered messages count as finished)
+//! lets the replay through, and replaying the same dead letter twice is still caught.
+
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+
+use convoy_core::dead_letter::{DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE};
+use convoy_core::{Headers, Message, OutgoingMessage, Receipt, EVENT_ID_HEADER};
+
+use crate::connection::Connection;
+use crate::error::ConnectError;
+
+/// Header on a replayed message: the dead letter it came from (`source@offset`).
+pub const REPLAYED_FROM: &str = "convoy-replayed-from";
+
+/// A message read from a dead-letter topic, with its reason decoded.
+#[derive(Clone, Debug)]
+pub struct DeadLetterRecord {
+    /// The dead letter as stored (its source and offset are the dead-letter topic's).
+    pub message: Message,
+    /// Why it left its lane (`terminal`, `malformed`, `panic`, `retries-exhausted`, `stuck`).
+    pub cause: String,
+    /// The last error's class.
+    pub error_class: String,
+    /// The last error's text.
+    pub error: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Where it was read from originally (`topic/partition`).
+    pub original_source: Option<String>,
+    /// Its offset there.
+    pub original_offset: Option<u64>,
+    /// The consumer group that gave up on it.
+    pub group: String,
+}
+
+impl DeadLetterRecord {
+    /// Decodes the reason headers (missing ones read as empty).
+    pub fn from_message(message: Message) -> Self {
+        let h = |name: &str| message.headers.get_str(name).unwrap_or_default().to_owned();
+        DeadLetterRecord {
+            cause: h(DL_CAUSE),
+            error_class: h(DL_ERROR_CLASS),
+            error: h(DL_ERROR),
+            attempts: h(DL_ATTEMPTS).parse().unwrap_or(0),
+            original_source: message.headers.get_str(DL_SOURCE).map(str::to_owned),
+            original_offset: message.headers.get_str(DL_OFFSET).and_then(|o| o.parse().ok()),
+            group: h(DL_GROUP),
+            message,
+        }
+    }
+
+    /// The topic it came from (the original source without its `/partition`).
+    pub fn original_topic(&self) -> Option<&str> {
+        let source = self.original_source.as_deref()?;
+        Some(source.rsplit_once('/').map_or(source, |(topic, _)| topic))
+    }
+
+    /// The message to publish again: original key, payload and headers, reason headers
+    /// removed, a replay event id and a [`REPLAYED_FROM`] header.
+    pub fn to_replay(&self) -> OutgoingMessage {
+        let position = format!("{}@{}", self.message.source, self.message.offset);
+        let mut headers = Headers::new();
+        for (name, value) in self.message.headers.iter() {
+            if !name.starts_with("convoy-dl-") && name != EVENT_ID_HEADER {
+                headers.append(name, value.clone());
+            }
+        }
+        let original_id = self
+            .message
+            .headers
+            .get_str(EVENT_ID_HEADER)
+            .map_or_else(|| self.original_position(), str::to_owned);
+        headers.insert(EVENT_ID_HEADER, format!("{original_id}/replay/{position}"));
+        headers.insert(REPLAYED_FROM, position);
+        OutgoingMessage {
+            key: self.message.key.clone(),
+            payload: self.message.payload.clone(),
+            headers,
+        }
+    }
+
+    fn original_position(&self) -> String {
+        format!(
+            "{}@{}",
+            self.original_source.as_deref().unwrap_or("?"),
+            self.original_offset.map_or_else(|| "?".to_owned(), |o| o.to_string())
+        )
+    }
+}
+
+/// Which dead letters to pick: every condition given must hold.
+#[derive(Clone, Debug, Default)]
+pub struct Selection {
+    /// Keys (exact match); empty: any key.
+    pub keys: Vec<String>,
+    /// Text found in the cause, error class or error message.
+    pub reason: Option<String>,
+    /// Offsets in the dead-letter topic.
+    pub offsets: Option<RangeInclusive<u64>>,
+}
+
+impl Selection {
+    /// True when `record` is selected.
+    pub fn matches(&self, record: &DeadLetterRecord) -> bool {
+        let key_ok = self.keys.is_empty()
+            || record
+                .message
+                .key
+                .as_ref()
+                .is_some_and(|k| self.keys.iter().any(|want| want.as_bytes() == k.as_ref()));
+        let reason_ok = self.reason.as_ref().is_none_or(|text| {
+            [&record.cause, &record.error_class, &record.error]
+                .iter()
+                .any(|field| field.contains(text.as_str()))
+        });
+        let offset_ok = self
+            .offsets
+            .as_ref()
+            .is_none_or(|range| range.contains(&record.message.offset));
+        key_ok && reason_ok && offset_ok
+    }
+}
+
+/// Parses `A..B` or `A..=B` (both inclusive) or a single offset.
+pub fn parse_offsets(text: &str) -> Result<RangeInclusive<u64>, String> {
+    let number = |t: &str| {
+        t.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("expected an offset range like 10..20, got {text:?}"))
+    };
+    match text.split_once("..") {
+        Some((a, b)) => Ok(number(a)?..=number(b.trim_start_matches('='))?),
+        None => number(text).map(|o| o..=o),
+    }
+}
+
+/// The dead letters in `connection`'s dead-letter topic that `selection` picks.
+pub async fn list(connection: &Connection, selection: &Selection) -> Result<Vec<DeadLetterRecord>, ConnectError> {
+    let topic = connection.dlq_topic()?;
+    Ok(connection
+        .read_topic(&topic)
+        .await?
+        .into_iter()
+        .map(DeadLetterRecord::from_message)
+        .filter(|r| selection.matches(r))
+        .collect())
+}
+
+/// Publishes `records` again, in the order given, each to `to` or else the topic it came from.
+pub async fn replay(
+    connection: &Connection,
+    records: &[DeadLetterRecord],
+    to: Option<&str>,
+) -> Result<Vec<Receipt>, ConnectError> {
+    // One publisher per target topic; order within a topic is the order given.
+    let mut by_topic: BTreeMap<String, Vec<OutgoingMessage>> = BTreeMap::new();
+    for record in records {
+        let topic = match to.or(record.original_topic()) {
+            Some(t) => t.to_owned(),
+            None => {
+                return Err(convoy_core::ConfigError::invalid(
+                    "to",
+                    format!(
+                        "the dead letter at offset {} does not say where it came from (no {DL_SOURCE} header): name the topic to replay to",
+                        record.message.offset
+                    ),
+                )
+                .into())
+            }
+        };
+        by_topic.entry(topic).or_default().push(record.to_replay());
+    }
+    let mut receipts = Vec::new();
+    for (topic, messages) in by_topic {
+        receipts.extend(connection.publisher(&topic)?.publish_all(messages).await?);
+    }
+    Ok(receipts)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use convoy_core::SourceId;
+
+    use super::*;
+
+    fn dead_letter(key: &str, cause: &str, offset: u64) -> DeadLetterRecord {
+        let mut headers = Headers::new();
+        headers.insert(EVENT_ID_HEADER, "ev-1");
+        headers.insert("traceparent", "00-abc");
+        headers.insert(DL_CAUSE, cause);
+        headers.insert(DL_ERROR_CLASS, cause);
+        headers.insert(DL_ERROR, "overdraft on acct");
+        headers.insert(DL_ATTEMPTS, "3");
+        headers.insert(DL_SOURCE, "ledger.v2/3");
+        headers.insert(DL_OFFSET, "41");
+        DeadLetterRecord::from_message(Message {
+            key: Some(Bytes::from(key.to_owned())),
+            payload: Bytes::from_static(b"{}"),
+            headers,
+            source: SourceId::new("ledger.v2.dlq/0"),
+            offset,
+        })
+    }
+
+    #[test]
+    fn a_replay_keeps_key_payload_and_headers_but_not_the_reason() {
+        let r = dead_letter("acct-1", "terminal", 7);
+        assert_eq!((r.attempts, r.original_offset), (3, Some(41)));
+        assert_eq!(r.original_topic(), Some("ledger.v2"));
+        let out = r.to_replay();
+        assert_eq!(out.key.as_deref(), Some(&b"acct-1"[..]));
+        assert_eq!(out.headers.get_str("traceparent"), Some("00-abc"));
+        assert!(out.headers.iter().all(|(n, _)| !n.starts_with("convoy-dl-")));
+        assert_eq!(out.headers.get_str(EVENT_ID_HEADER), Some("ev-1/replay/ledger.v2.dlq/0@7"));
+        assert_eq!(out.headers.get_str(REPLAYED_FROM), Some("ledger.v2.dlq/0@7"));
+    }
+
+    #[test]
+    fn selections_combine_key_reason_and_offsets() {
+        let records = [
+            dead_letter("a", "terminal", 1),
+            dead_letter("b", "malformed", 2),
+            dead_letter("a", "malformed", 3),
+        ];
+        let pick = |s: Selection| -> Vec<u64> {
+            records.iter().filter(|r| s.matches(r)).map(|r| r.message.offset).collect()
+        };
+        assert_eq!(pick(Selection::default()), [1, 2, 3]);
+        assert_eq!(pick(Selection { keys: vec!["a".into()], ..Selection::default() }), [1, 3]);
+        assert_eq!(pick(Selection { reason: Some("malformed".into()), ..Selection::default() }), [2, 3]);
+        assert_eq!(pick(Selection { reason: Some("overdraft".into()), offsets: Some(2..=3), ..Selection::default() }), [2, 3]);
+        assert_eq!(parse_offsets("2..3"), Ok(2..=3));
+        assert_eq!(parse_offsets("2..=3"), Ok(2..=3));
+        assert_eq!(parse_offsets("5"), Ok(5..=5));
+        assert!(parse_offsets("x..3").is_err());
+    }
+}

@@ -1,0 +1,46 @@
+//! # convoy
+//!
+//! The sequential convoy pattern: messages that share a key are handled strictly in order,
+//! messages of different keys in parallel, and the committed position never passes a message
+//! that is not finished. This crate is the front door: the engine of `convoy-core`, re-exported,
+//! plus a connection to any broker picked by URL, so the same handler runs everywhere.
+//!
+//! ```no_run
+//! use convoy::{handler_fn, Engine, HandlerError, Transport};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let connection = convoy::connect("memory://?topics=orders").await?; // or kafka://127.0.0.1:9092?topics=orders
+//! let handler = handler_fn(|delivery: convoy::Delivery| async move {
+//!     println!("{} @ {}", delivery.message().key_display(), delivery.message().offset);
+//!     Ok::<(), HandlerError>(())
+//! });
+//! let engine = Engine::builder(handler).dead_letter_sink(connection.dead_letter_sink()?).build()?;
+//! let running = engine.spawn(connection.subscribe().await?);
+//! running.stop().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - [`connect`] / [`ConnectConfig`]: URL, TOML file and `CONVOY_*` settings → a [`Connection`];
+//! - [`Connection`]: subscribe, publish, dead-letter sink, topics, baseline;
+//! - [`dlq`]: list dead letters with their reasons and replay selected ones;
+//! - [`bench`]: benchmark scenarios on any connection;
+//! - everything of `convoy-core` (engine, handlers, retry, dead letters, transport contract).
+//!
+//! Features: `memory` (the embedded broker, `memory://`) and `kafka` (`kafka://`), both default.
+
+#[cfg(not(any(feature = "memory", feature = "kafka")))]
+compile_error!("enable at least one broker feature of `convoy`: `memory` or `kafka`");
+
+mod backend;
+pub mod bench;
+mod connection;
+pub mod dlq;
+mod error;
+pub mod settings;
+
+pub use connection::{connect, Connection};
+pub use convoy_core::*;
+pub use error::ConnectError;
+pub use settings::{ConnectConfig, Endpoint};
+
+#[cfg(feature = "memory")]
+pub use backend::memory::broker as memory_broker;

@@ -1,0 +1,124 @@
+//! What the runnable examples share: `--url` (the embedded `memory://` broker by default),
+//! fresh topics per run, an engine over the connection that runs until every message finished,
+//! and the invariant report that sets the exit code.
+//!
+//! ```text
+//! cargo run -p convoy-examples --example ledger
+//! cargo run -p convoy-examples --example ledger -- --url kafka://127.0.0.1:9092
+//! ```
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use convoy::dlq::{self, DeadLetterRecord, Selection};
+use convoy::{Connection, Engine, EngineConfig, Handler, OutgoingMessage, RetryPolicy, StatsSnapshot, Transport};
+
+/// Any error of an example, printed as one line.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The examples' command line.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Broker URL: memory:// (embedded, zero setup) or kafka://host:port[?parameters].
+    #[arg(long, default_value = "memory://")]
+    url: String,
+}
+
+/// One example run: a fresh topic, group and dead-letter topic on the chosen broker.
+pub struct Example {
+    connection: Connection,
+    name: &'static str,
+}
+
+impl Example {
+    /// Parses `--url`, connects and creates `<name>-<unique>` and its dead-letter topic.
+    pub async fn setup(name: &'static str) -> Result<Example, Error> {
+        let args = Args::parse();
+        let unique = format!(
+            "{}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros())
+        );
+        let topic = format!("{name}-{unique}");
+        let connection = convoy::connect(&args.url)
+            .await?
+            .with_topics(&[topic.as_str()])
+            .with_group(format!("{name}-{unique}"))
+            .with_dlq_topic(format!("{topic}.dlq"));
+        connection.create_topics().await?;
+        println!("{name}: topic {topic} on {}", connection.endpoint().scheme);
+        Ok(Example { connection, name })
+    }
+
+    /// Publishes messages in order, confirmed.
+    pub async fn publish(&self, messages: Vec<OutgoingMessage>) -> Result<(), Error> {
+        let topic = &self.connection.endpoint().topics[0];
+        self.connection.publisher(topic)?.publish_all(messages).await?;
+        Ok(())
+    }
+
+    /// Runs `handler` through the engine until `expected` messages finished (handled or
+    /// dead-lettered), then stops gracefully (drain, commit, leave).
+    pub async fn run(&self, handler: impl Handler, retry: RetryPolicy, expected: u64) -> Result<StatsSnapshot, Error> {
+        let engine = Engine::builder(handler)
+            .config(EngineConfig {
+                group: self.connection.endpoint().group.clone(),
+                retry,
+                ..EngineConfig::default()
+            })
+            .dead_letter_sink(self.connection.dead_letter_sink()?)
+            .build()?;
+        let running = engine.spawn(self.connection.subscribe().await?);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while {
+            let s = running.stats();
+            s.handled + s.dead_lettered < expected
+        } {
+            if Instant::now() > deadline || running.is_finished() {
+                return Err(format!("{}: not every message finished within 120 s", self.name).into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(running.stop().await?.stats)
+    }
+
+    /// The dead letters of this run, with their reasons.
+    pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRecord>, Error> {
+        Ok(dlq::list(&self.connection, &Selection::default()).await?)
+    }
+}
+
+/// Prints each invariant and exits non-zero unless all hold.
+pub fn verdict(name: &str, checks: &[(&str, bool)]) -> ExitCode {
+    for (what, held) in checks {
+        println!("  [{}] {what}", if *held { "ok" } else { "FAILED" });
+    }
+    if checks.iter().all(|(_, held)| *held) {
+        println!("{name}: every invariant held");
+        ExitCode::SUCCESS
+    } else {
+        println!("{name}: an invariant failed");
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs an example's body, printing its error as one line.
+pub fn main_of<F>(name: &str, body: F) -> ExitCode
+where
+    F: std::future::Future<Output = Result<ExitCode, Error>>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(body).unwrap_or_else(|e| {
+        eprintln!("{name}: {e}");
+        ExitCode::FAILURE
+    })
+}
