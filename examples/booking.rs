@@ -51,24 +51,33 @@ async fn run() -> Result<ExitCode, Error> {
                 Command::Book { destination } => {
                     // The airline's booking API is slow.
                     tokio::time::sleep(Duration::from_millis(fastrand::u64(1..4))).await;
-                    let mut all = bookings.lock().map_err(|_| HandlerError::terminal("lock poisoned"))?;
+                    let mut all = bookings
+                        .lock()
+                        .map_err(|_| HandlerError::terminal("lock poisoned"))?;
                     all.entry(session).or_default().push(destination);
                 }
                 Command::ChangeDestination { destination } => {
-                    let mut all = bookings.lock().map_err(|_| HandlerError::terminal("lock poisoned"))?;
-                    let history = all
-                        .get_mut(&session)
-                        .ok_or_else(|| HandlerError::terminal(format!("{session}: correction before its booking")))?;
+                    let mut all = bookings
+                        .lock()
+                        .map_err(|_| HandlerError::terminal("lock poisoned"))?;
+                    let history = all.get_mut(&session).ok_or_else(|| {
+                        HandlerError::terminal(format!("{session}: correction before its booking"))
+                    })?;
                     history.push(destination);
                 }
             }
             Ok(())
         }
     });
-    let stats = example.run(handler, RetryPolicy::default(), 2 * SESSIONS as u64).await?;
+    let stats = example
+        .run(handler, RetryPolicy::default(), 2 * SESSIONS as u64)
+        .await?;
     let dead = example.dead_letters().await?;
     let bookings = bookings.lock().map_err(|_| "lock poisoned")?;
-    println!("booking: {} commands handled, {} dead-lettered", stats.handled, stats.dead_lettered);
+    println!(
+        "booking: {} commands handled, {} dead-lettered",
+        stats.handled, stats.dead_lettered
+    );
     Ok(verdict(
         "booking",
         &[
@@ -76,7 +85,10 @@ async fn run() -> Result<ExitCode, Error> {
                 "every session is booked to Paris, after London",
                 bookings.len() == SESSIONS && bookings.values().all(|h| h == &["London", "Paris"]),
             ),
-            ("no correction arrived before its booking (no dead letters)", dead.is_empty()),
+            (
+                "no correction arrived before its booking (no dead letters)",
+                dead.is_empty(),
+            ),
         ],
     ))
 }

@@ -55,7 +55,9 @@ async fn run() -> Result<ExitCode, Error> {
                 return Err(HandlerError::transient("warehouse API timed out"));
             }
             let item = d.message().key_display().into_owned();
-            let mut stock = stock.lock().map_err(|_| HandlerError::terminal("lock poisoned"))?;
+            let mut stock = stock
+                .lock()
+                .map_err(|_| HandlerError::terminal("lock poisoned"))?;
             let level = stock.levels.entry(item.clone()).or_default();
             if *level + change.delta < 0 {
                 return Err(HandlerError::terminal(format!("{item}: out of stock")));
@@ -90,7 +92,10 @@ async fn run() -> Result<ExitCode, Error> {
                 "every item ends at 0",
                 stock.levels.len() == ITEMS && stock.levels.values().all(|l| *l == 0),
             ),
-            ("every order was filled", stock.orders_filled == ITEMS * ORDERS_PER_ITEM),
+            (
+                "every order was filled",
+                stock.orders_filled == ITEMS * ORDERS_PER_ITEM,
+            ),
             ("no change ran out of order (no dead letters)", dead.is_empty()),
         ],
     ))

@@ -33,7 +33,10 @@ async fn run() -> Result<ExitCode, Error> {
     let mut entries = Vec::new();
     for round in [500, -300, -200] {
         for a in 0..ACCOUNTS {
-            entries.push(OutgoingMessage::new(format!("acct-{a}"), format!(r#"{{"cents":{round}}}"#)));
+            entries.push(OutgoingMessage::new(
+                format!("acct-{a}"),
+                format!(r#"{{"cents":{round}}}"#),
+            ));
         }
     }
     let overdrafts = (0..ACCOUNTS).step_by(10).count();
@@ -49,7 +52,9 @@ async fn run() -> Result<ExitCode, Error> {
         let books = b.clone();
         async move {
             let account = d.message().key_display().into_owned();
-            let mut books = books.lock().map_err(|_| HandlerError::terminal("ledger lock poisoned"))?;
+            let mut books = books
+                .lock()
+                .map_err(|_| HandlerError::terminal("ledger lock poisoned"))?;
             // The database is flaky: about one entry in eight fails on its first attempt.
             if fastrand::u8(..8) == 0 && books.failed_once.insert((account.clone(), d.offset())) {
                 return Err(HandlerError::transient("ledger database timed out"));
@@ -82,16 +87,28 @@ async fn run() -> Result<ExitCode, Error> {
         stats.handled, stats.retries, stats.dead_lettered
     );
     for d in &dead {
-        println!("  dead letter: {} — {} ({})", d.message.key_display(), d.error, d.cause);
+        println!(
+            "  dead letter: {} — {} ({})",
+            d.message.key_display(),
+            d.error,
+            d.cause
+        );
     }
     Ok(verdict(
         "ledger",
         &[
-            ("every balance ends at 0", books.balances.len() == ACCOUNTS && books.balances.values().all(|b| *b == 0)),
-            ("exactly the overdrafts were dead-lettered", dead.len() == overdrafts),
+            (
+                "every balance ends at 0",
+                books.balances.len() == ACCOUNTS && books.balances.values().all(|b| *b == 0),
+            ),
+            (
+                "exactly the overdrafts were dead-lettered",
+                dead.len() == overdrafts,
+            ),
             (
                 "each dead letter says terminal: overdraft",
-                dead.iter().all(|d| d.cause == "terminal" && d.error.starts_with("overdraft")),
+                dead.iter()
+                    .all(|d| d.cause == "terminal" && d.error.starts_with("overdraft")),
             ),
             ("transient failures were retried in their lane", stats.retries > 0),
         ],

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use convoy::dlq::{self, DeadLetterRecord, Selection};
-use convoy::{Connection, Engine, EngineConfig, Handler, OutgoingMessage, RetryPolicy, StatsSnapshot, Transport};
+use convoy::{
+    Connection, Engine, EngineConfig, Handler, OutgoingMessage, RetryPolicy, StatsSnapshot, Transport,
+};
 
 /// Any error of an example, printed as one line.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -62,7 +64,12 @@ impl Example {
 
     /// Runs `handler` through the engine until `expected` messages finished (handled or
     /// dead-lettered), then stops gracefully (drain, commit, leave).
-    pub async fn run(&self, handler: impl Handler, retry: RetryPolicy, expected: u64) -> Result<StatsSnapshot, Error> {
+    pub async fn run(
+        &self,
+        handler: impl Handler,
+        retry: RetryPolicy,
+        expected: u64,
+    ) -> Result<StatsSnapshot, Error> {
         let engine = Engine::builder(handler)
             .config(EngineConfig {
                 group: self.connection.endpoint().group.clone(),

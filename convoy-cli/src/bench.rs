@@ -42,12 +42,15 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
             100_000,
             1_000,
             0.0,
-            args.rate.map_or(Load::Prefill, |rate| Load::Live { rate: Some(rate) }),
+            args.rate
+                .map_or(Load::Prefill, |rate| Load::Live { rate: Some(rate) }),
         ),
     };
     let transient_rate = args.transient_rate.unwrap_or(transient);
     if !(0.0..=1.0).contains(&transient_rate) {
-        return Err(format!("--transient-rate must be between 0 and 1, got {transient_rate}"));
+        return Err(format!(
+            "--transient-rate must be between 0 and 1, got {transient_rate}"
+        ));
     }
     let work_ms = args.work_ms.unwrap_or(0.0);
     if !(0.0..=60_000.0).contains(&work_ms) {
@@ -84,8 +87,10 @@ pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
     bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} finished ({per_sec})")
-            .map_err(|e| e.to_string())?,
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} finished ({per_sec})",
+        )
+        .map_err(|e| e.to_string())?,
     );
     let progress = |finished: u64, _total: u64| bar.set_position(finished);
     let report = run_scenario(&bed, &scenario, &progress).await?;

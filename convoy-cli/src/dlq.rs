@@ -20,12 +20,19 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
                 .map_err(|e| e.to_string())?;
             if json {
                 for r in &records {
-                    println!("{}", serde_json::to_string(&json_of(r)).map_err(|e| e.to_string())?);
+                    println!(
+                        "{}",
+                        serde_json::to_string(&json_of(r)).map_err(|e| e.to_string())?
+                    );
                 }
             } else {
                 print_table(&records);
             }
-            eprintln!("{} dead letters in {}", records.len(), connection.dlq_topic().map_err(|e| e.to_string())?);
+            eprintln!(
+                "{} dead letters in {}",
+                records.len(),
+                connection.dlq_topic().map_err(|e| e.to_string())?
+            );
         }
         DlqCommand::Replay {
             selection,
@@ -96,7 +103,8 @@ fn print_table(records: &[DeadLetterRecord]) {
         let from = format!(
             "{}@{}",
             r.original_source.as_deref().unwrap_or("?"),
-            r.original_offset.map_or_else(|| "?".to_owned(), |o| o.to_string())
+            r.original_offset
+                .map_or_else(|| "?".to_owned(), |o| o.to_string())
         );
         let error: String = r.error.chars().take(ERROR_WIDTH).collect();
         println!(

@@ -55,7 +55,11 @@ pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::CliResult
         };
         let mut lines = reader.lines();
         let mut number = 0u64;
-        while let Some(line) = lines.next_line().await.map_err(|e| format!("reading input: {e}"))? {
+        while let Some(line) = lines
+            .next_line()
+            .await
+            .map_err(|e| format!("reading input: {e}"))?
+        {
             number += 1;
             if line.trim().is_empty() {
                 continue;
@@ -86,7 +90,9 @@ fn parse_line(line: &str, number: u64, args: &ProduceArgs) -> Result<OutgoingMes
         return Ok(OutgoingMessage::keyless(line.to_owned()));
     }
     match line.split_once(args.separator.as_str()) {
-        Some((key, payload)) if !key.is_empty() => Ok(OutgoingMessage::new(key.to_owned(), payload.to_owned())),
+        Some((key, payload)) if !key.is_empty() => {
+            Ok(OutgoingMessage::new(key.to_owned(), payload.to_owned()))
+        }
         _ => Err(format!(
             "line {number}: expected KEY{}PAYLOAD (use --separator to change it, or --keyless)",
             args.separator.escape_default()

@@ -31,7 +31,10 @@ impl ConfigError {
 /// keys, token configuration), whatever the broker.
 pub fn is_secret(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    n.contains("password") || n.contains("secret") || n.ends_with(".key.pem") || n.contains("oauthbearer.config")
+    n.contains("password")
+        || n.contains("secret")
+        || n.ends_with(".key.pem")
+        || n.contains("oauthbearer.config")
 }
 
 /// What happens to messages without a key.

@@ -21,6 +21,18 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     async fn insert(&self, id: EventId);
 }
 
+/// A shared store (e.g. one store for engines that replace each other in one process).
+#[async_trait]
+impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
+    async fn contains(&self, id: &EventId) -> bool {
+        (**self).contains(id).await
+    }
+
+    async fn insert(&self, id: EventId) {
+        (**self).insert(id).await
+    }
+}
+
 /// A bounded in-memory store: the newest `capacity` ids, split over independently locked
 /// stripes so parallel shards rarely contend.
 pub struct MemoryIdempotencyStore {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use convoy_core::{
-    Backoff, BackPressure, DeadLetterSink, Jitter, Publisher, RetryPolicy, SourceEvent, Subscription,
+    BackPressure, Backoff, DeadLetterSink, Jitter, Publisher, RetryPolicy, SourceEvent, Subscription,
     Transport, TransportError,
 };
 use convoy_kafka::{admin, baseline, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
@@ -130,11 +130,19 @@ impl KafkaBed {
             &[topic.as_str()],
         );
         config.session_timeout_ms = 6_000;
-        config.properties.insert("heartbeat.interval.ms".into(), "500".into());
+        config
+            .properties
+            .insert("heartbeat.interval.ms".into(), "500".into());
         config.properties.extend(args.property.iter().cloned());
-        config.properties.insert("queue.buffering.max.messages".into(), "1000000".into());
+        config
+            .properties
+            .insert("queue.buffering.max.messages".into(), "1000000".into());
         admin::check_reachable(&config).await?;
-        admin::create_topics(&config, &[(&topic, args.partitions as i32), (&config.dlq_topic(), 1)]).await?;
+        admin::create_topics(
+            &config,
+            &[(&topic, args.partitions as i32), (&config.dlq_topic(), 1)],
+        )
+        .await?;
         Ok(KafkaBed {
             publisher: Arc::new(KafkaPublisher::new(&config, topic.as_str())?),
             sink: Arc::new(KafkaDeadLetterSink::new(&config)?),
@@ -181,9 +189,14 @@ impl ScenarioBed for KafkaBed {
 
 /// Diagnostics: how fast convoy's transport alone delivers the topic (no engine).
 async fn transport_only(bed: &KafkaBed, scenario: &Scenario) -> Result<ScenarioReport, String> {
-    prefill(bed.publisher.as_ref(), &OrderChecker::new(), scenario.messages, scenario.keys)
-        .await
-        .map_err(|e| e.to_string())?;
+    prefill(
+        bed.publisher.as_ref(),
+        &OrderChecker::new(),
+        scenario.messages,
+        scenario.keys,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let mut sub = bed.subscribe().await.map_err(|e| e.to_string())?;
     let (mut seen, mut started, mut events) = (0u64, None, 0u64);
     while seen < scenario.messages {

@@ -10,7 +10,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 
-
 use crate::config::KafkaConfig;
 use crate::convert::{source_id, to_message};
 
@@ -71,7 +70,11 @@ pub async fn create_topics(config: &KafkaConfig, topics: &[(&str, i32)]) -> Resu
 /// Every message of `topic` from the beginning of each partition to its end at the time of
 /// the call, without joining a group or committing. Stops early when nothing arrives for
 /// `idle` (a broker whose end offsets are unreliable cannot keep it waiting for ever).
-pub async fn read_topic(config: &KafkaConfig, topic: &str, idle: Duration) -> Result<Vec<Message>, TransportError> {
+pub async fn read_topic(
+    config: &KafkaConfig,
+    topic: &str,
+    idle: Duration,
+) -> Result<Vec<Message>, TransportError> {
     let reader = consumer(config, "convoy-reader")?;
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || read_blocking(&reader, &topic, idle))
@@ -117,7 +120,10 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
                 use rdkafka::Message as _;
                 let partition = record.partition();
                 messages.push(to_message(&record, &source_id(topic, partition)));
-                if remaining.get(&partition).is_some_and(|end| record.offset() + 1 >= *end) {
+                if remaining
+                    .get(&partition)
+                    .is_some_and(|end| record.offset() + 1 >= *end)
+                {
                     remaining.remove(&partition);
                 }
                 last_progress = Instant::now();

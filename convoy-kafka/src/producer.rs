@@ -46,13 +46,21 @@ impl KafkaPublisher {
 
     async fn send(&self, message: &OutgoingMessage) -> Result<Receipt, TransportError> {
         let headers = to_kafka_headers(&message.headers);
-        match self.producer.send(self.record(message, headers), QUEUE_TIMEOUT).await {
+        match self
+            .producer
+            .send(self.record(message, headers), QUEUE_TIMEOUT)
+            .await
+        {
             Ok(delivery) => Ok(self.receipt(delivery.partition, delivery.offset)),
             Err((e, _)) => Err(TransportError::broker(format!("publishing to {}", self.topic), e)),
         }
     }
 
-    fn record<'a>(&'a self, message: &'a OutgoingMessage, headers: OwnedHeaders) -> FutureRecord<'a, [u8], [u8]> {
+    fn record<'a>(
+        &'a self,
+        message: &'a OutgoingMessage,
+        headers: OwnedHeaders,
+    ) -> FutureRecord<'a, [u8], [u8]> {
         let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic)
             .payload(message.payload.as_ref())
             .headers(headers);

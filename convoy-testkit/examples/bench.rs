@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use convoy_core::{Backoff, Jitter, RetryPolicy};
-use convoy_testkit::probe::Latency;
 use convoy_testkit::memory::run_memory;
+use convoy_testkit::probe::Latency;
 use convoy_testkit::scenario::{bench_main, Scenario};
 
 #[derive(Parser, Debug)]

@@ -14,7 +14,7 @@ use convoy_core::{
 use crate::broker::MemoryBroker;
 use crate::conformance::{Capabilities, ConformanceTarget, TestBed};
 use crate::probe::decode_seq;
-use crate::scenario::{Progress, ScenarioBed, ScenarioReport, Scenario};
+use crate::scenario::{Progress, Scenario, ScenarioBed, ScenarioReport};
 use crate::transport::{MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
 
 /// Largest batch the memory broker hands out per partition in conformance runs.

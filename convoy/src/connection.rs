@@ -40,7 +40,9 @@ pub struct Connection {
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connection").field("endpoint", &self.endpoint).finish()
+        f.debug_struct("Connection")
+            .field("endpoint", &self.endpoint)
+            .finish()
     }
 }
 

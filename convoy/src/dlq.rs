@@ -10,7 +10,9 @@
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
-use convoy_core::dead_letter::{DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE};
+use convoy_core::dead_letter::{
+    DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
+};
 use convoy_core::{Headers, Message, OutgoingMessage, Receipt, EVENT_ID_HEADER};
 
 use crate::connection::Connection;
@@ -90,7 +92,8 @@ impl DeadLetterRecord {
         format!(
             "{}@{}",
             self.original_source.as_deref().unwrap_or("?"),
-            self.original_offset.map_or_else(|| "?".to_owned(), |o| o.to_string())
+            self.original_offset
+                .map_or_else(|| "?".to_owned(), |o| o.to_string())
         )
     }
 }
@@ -142,7 +145,10 @@ pub fn parse_offsets(text: &str) -> Result<RangeInclusive<u64>, String> {
 }
 
 /// The dead letters in `connection`'s dead-letter topic that `selection` picks.
-pub async fn list(connection: &Connection, selection: &Selection) -> Result<Vec<DeadLetterRecord>, ConnectError> {
+pub async fn list(
+    connection: &Connection,
+    selection: &Selection,
+) -> Result<Vec<DeadLetterRecord>, ConnectError> {
     let topic = connection.dlq_topic()?;
     Ok(connection
         .read_topic(&topic)
@@ -195,8 +201,8 @@ mod tests {
         let mut headers = Headers::new();
         headers.insert(EVENT_ID_HEADER, "ev-1");
         headers.insert("traceparent", "00-abc");
-        headers.insert(DL_CAUSE, cause);
-        headers.insert(DL_ERROR_CLASS, cause);
+        headers.insert(DL_CAUSE, cause.to_owned());
+        headers.insert(DL_ERROR_CLASS, cause.to_owned());
         headers.insert(DL_ERROR, "overdraft on acct");
         headers.insert(DL_ATTEMPTS, "3");
         headers.insert(DL_SOURCE, "ledger.v2/3");
@@ -219,7 +225,10 @@ mod tests {
         assert_eq!(out.key.as_deref(), Some(&b"acct-1"[..]));
         assert_eq!(out.headers.get_str("traceparent"), Some("00-abc"));
         assert!(out.headers.iter().all(|(n, _)| !n.starts_with("convoy-dl-")));
-        assert_eq!(out.headers.get_str(EVENT_ID_HEADER), Some("ev-1/replay/ledger.v2.dlq/0@7"));
+        assert_eq!(
+            out.headers.get_str(EVENT_ID_HEADER),
+            Some("ev-1/replay/ledger.v2.dlq/0@7")
+        );
         assert_eq!(out.headers.get_str(REPLAYED_FROM), Some("ledger.v2.dlq/0@7"));
     }
 
@@ -231,12 +240,35 @@ mod tests {
             dead_letter("a", "malformed", 3),
         ];
         let pick = |s: Selection| -> Vec<u64> {
-            records.iter().filter(|r| s.matches(r)).map(|r| r.message.offset).collect()
+            records
+                .iter()
+                .filter(|r| s.matches(r))
+                .map(|r| r.message.offset)
+                .collect()
         };
         assert_eq!(pick(Selection::default()), [1, 2, 3]);
-        assert_eq!(pick(Selection { keys: vec!["a".into()], ..Selection::default() }), [1, 3]);
-        assert_eq!(pick(Selection { reason: Some("malformed".into()), ..Selection::default() }), [2, 3]);
-        assert_eq!(pick(Selection { reason: Some("overdraft".into()), offsets: Some(2..=3), ..Selection::default() }), [2, 3]);
+        assert_eq!(
+            pick(Selection {
+                keys: vec!["a".into()],
+                ..Selection::default()
+            }),
+            [1, 3]
+        );
+        assert_eq!(
+            pick(Selection {
+                reason: Some("malformed".into()),
+                ..Selection::default()
+            }),
+            [2, 3]
+        );
+        assert_eq!(
+            pick(Selection {
+                reason: Some("overdraft".into()),
+                offsets: Some(2..=3),
+                ..Selection::default()
+            }),
+            [2, 3]
+        );
         assert_eq!(parse_offsets("2..3"), Ok(2..=3));
         assert_eq!(parse_offsets("2..=3"), Ok(2..=3));
         assert_eq!(parse_offsets("5"), Ok(5..=5));

@@ -118,7 +118,10 @@ impl ConnectConfig {
         let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let partitions = match var("CONVOY_PARTITIONS") {
             Some(p) => Some(p.trim().parse().map_err(|_| {
-                ConfigError::invalid("CONVOY_PARTITIONS", format!("expected a positive number, got {p:?}"))
+                ConfigError::invalid(
+                    "CONVOY_PARTITIONS",
+                    format!("expected a positive number, got {p:?}"),
+                )
             })?),
             None => None,
         };
@@ -253,7 +256,10 @@ impl Endpoint {
                 "dlq" | "dlq_topic" => endpoint.dlq_topic = Some(value.into_owned()),
                 "partitions" => {
                     endpoint.partitions = value.parse().map_err(|_| {
-                        ConfigError::invalid("partitions", format!("expected a positive number, got {value:?}"))
+                        ConfigError::invalid(
+                            "partitions",
+                            format!("expected a positive number, got {value:?}"),
+                        )
                     })?
                 }
                 _ => endpoint.params.push((key.into_owned(), value.into_owned())),
@@ -271,7 +277,10 @@ impl Endpoint {
         }
         if let Some(dlq) = &self.dlq_topic {
             if self.topics.contains(dlq) {
-                return Err(ConfigError::invalid("dlq_topic", "must differ from the consumed topics"));
+                return Err(ConfigError::invalid(
+                    "dlq_topic",
+                    "must differ from the consumed topics",
+                ));
             }
         }
         Ok(())
@@ -308,7 +317,10 @@ mod tests {
     fn defaults_and_the_memory_url() {
         let e = Endpoint::parse("memory://").unwrap();
         assert_eq!((e.scheme.as_str(), e.address.as_str()), ("memory", ""));
-        assert_eq!((e.group.as_str(), e.partitions), (DEFAULT_GROUP, DEFAULT_PARTITIONS));
+        assert_eq!(
+            (e.group.as_str(), e.partitions),
+            (DEFAULT_GROUP, DEFAULT_PARTITIONS)
+        );
         assert_eq!(e.dlq_topic(), None);
     }
 

@@ -114,12 +114,21 @@ pub trait ScenarioBed: Send + Sync {
 pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
 
 /// Runs `scenario` on `bed`, calling `progress(finished, total)` every 100 ms.
-pub async fn run(bed: &dyn ScenarioBed, scenario: &Scenario, progress: Progress<'_>) -> Result<ScenarioReport, String> {
+pub async fn run(
+    bed: &dyn ScenarioBed,
+    scenario: &Scenario,
+    progress: Progress<'_>,
+) -> Result<ScenarioReport, String> {
     let checker = Arc::new(OrderChecker::with_capacity(scenario.keys));
     if scenario.load == Load::Prefill {
-        prefill(bed.publisher().as_ref(), &checker, scenario.messages, scenario.keys)
-            .await
-            .map_err(|e| format!("filling the topic failed: {e}"))?;
+        prefill(
+            bed.publisher().as_ref(),
+            &checker,
+            scenario.messages,
+            scenario.keys,
+        )
+        .await
+        .map_err(|e| format!("filling the topic failed: {e}"))?;
     }
     let rss_before = rss_mb();
     let handler = ProbeHandler::with_faults(
@@ -144,7 +153,10 @@ pub async fn run(bed: &dyn ScenarioBed, scenario: &Scenario, progress: Progress<
         .dead_letter_sink(RecordingSink::new(bed.dead_letter_sink(), checker.clone()))
         .build()
         .map_err(|e| e.to_string())?;
-    let subscription = bed.subscribe().await.map_err(|e| format!("subscribing failed: {e}"))?;
+    let subscription = bed
+        .subscribe()
+        .await
+        .map_err(|e| format!("subscribing failed: {e}"))?;
     let running = engine.spawn(subscription);
     let joined = Instant::now() + Duration::from_secs(60);
     // The clock measures consumption, not the group join (the baseline's clock likewise starts
@@ -208,7 +220,9 @@ pub async fn run(bed: &dyn ScenarioBed, scenario: &Scenario, progress: Progress<
 
 async fn wait_with_progress(checker: &OrderChecker, scenario: &Scenario, progress: Progress<'_>) -> bool {
     // A live producer registers messages as it goes: complete means all of them, finished.
-    let done = checker.wait_for(scenario.limit, |c| c.published() >= scenario.messages && c.complete());
+    let done = checker.wait_for(scenario.limit, |c| {
+        c.published() >= scenario.messages && c.complete()
+    });
     tokio::pin!(done);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {

@@ -20,7 +20,11 @@ pub(super) async fn open(endpoint: &Endpoint) -> Result<Backend, ConnectError> {
 
 /// The configuration for the endpoint's current group and topics. Tools that only publish or
 /// read (`lenient`) may have no topics; a placeholder lets the rest be validated.
-pub(crate) fn config_for(base: &KafkaConfig, endpoint: &Endpoint, lenient: bool) -> Result<KafkaConfig, ConnectError> {
+pub(crate) fn config_for(
+    base: &KafkaConfig,
+    endpoint: &Endpoint,
+    lenient: bool,
+) -> Result<KafkaConfig, ConnectError> {
     let mut config = base.clone();
     config.group_id = endpoint.group.clone();
     config.topics = endpoint.topics.clone();

@@ -1,0 +1,190 @@
+//! The `convoy` binary without a broker process: the benchmark on the embedded broker, and
+//! one clear line for each kind of bad input.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output};
+
+fn convoy(args: &[&str]) -> Output {
+    convoy_with_env(args, &[])
+}
+
+fn convoy_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_convoy"));
+    command.args(args).env_remove("RUST_LOG");
+    for var in [
+        "CONVOY_URL",
+        "CONVOY_GROUP",
+        "CONVOY_TOPICS",
+        "CONVOY_DLQ_TOPIC",
+        "CONVOY_PARTITIONS",
+    ] {
+        command.env_remove(var);
+    }
+    command.envs(env.iter().copied());
+    command.output().unwrap()
+}
+
+/// The command failed with exactly one line on stderr containing every `expected` text.
+fn assert_one_line_error(out: &Output, expected: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    for text in expected {
+        assert!(stderr.contains(text), "{stderr:?} should mention {text:?}");
+    }
+}
+
+#[test]
+fn bench_on_the_embedded_broker_verifies_every_key() {
+    let out = convoy(&["bench", "--messages", "3000", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["transport"], "memory");
+    assert_eq!(report["messages"], 3000);
+    assert_eq!(report["keys"], 10);
+    assert_eq!(report["completed"], true);
+    assert_eq!(report["order_violations"], 0);
+    assert_eq!(report["lost"], 0);
+    assert!(
+        report["retries"].as_u64().unwrap() > 200,
+        "10 % fail once: {report}"
+    );
+    assert!(report["baseline_throughput_msg_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn seed_load_reports_whether_the_rate_was_held() {
+    let out = convoy(&[
+        "bench",
+        "--scenario",
+        "seed-load",
+        "--rate",
+        "2000",
+        "--duration",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (report["messages"].as_u64(), report["keys"].as_u64()),
+        (Some(2000), Some(1000))
+    );
+    assert_eq!(report["offered_rate_msg_s"], 2000.0);
+    assert!(report["rate_held"].is_boolean(), "{report}");
+    assert_eq!(report["lost"], 0);
+}
+
+#[test]
+fn the_table_is_printed_without_json() {
+    let out = convoy(&[
+        "bench",
+        "--scenario",
+        "custom",
+        "--messages",
+        "2000",
+        "--keys",
+        "50",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for row in [
+        "throughput",
+        "p99 / p99.9",
+        "order violations",
+        "ratio to baseline",
+        "PASS",
+    ] {
+        assert!(stdout.contains(row), "{row} missing from\n{stdout}");
+    }
+}
+
+#[test]
+fn a_bad_url_is_one_clear_line() {
+    assert_one_line_error(
+        &convoy(&["--url", "rabbit://x", "bench"]),
+        &["unknown broker URL scheme `rabbit://`"],
+    );
+    assert_one_line_error(
+        &convoy(&["--url", "127.0.0.1:9092", "bench"]),
+        &["expected scheme://address"],
+    );
+    assert_one_line_error(&convoy(&["--url", "amqp://127.0.0.1", "bench"]), &["convoy-amqp"]);
+    assert_one_line_error(
+        &convoy(&["--url", "kafka://127.0.0.1:9092?session_timeout_ms=5", "consume"]),
+        &["`session_timeout_ms`", "between 1000"],
+    );
+    assert_one_line_error(
+        &convoy(&["--url", "kafka://localhost?topics=t", "consume"]),
+        &["`bootstrap_servers`"],
+    );
+    assert_one_line_error(
+        &convoy(&["--url", "memory://?colour=blue", "bench"]),
+        &["`colour`"],
+    );
+}
+
+#[test]
+fn an_unreachable_broker_is_one_clear_line() {
+    // Port 1 on the loopback: nothing listens there.
+    let out = convoy(&["--url", "kafka://127.0.0.1:1", "--topic", "t", "consume"]);
+    assert_one_line_error(
+        &out,
+        &["no Kafka broker answered at 127.0.0.1:1", "is it running"],
+    );
+}
+
+#[test]
+fn a_bad_config_file_or_variable_is_one_clear_line() {
+    let dir = std::env::temp_dir().join(format!("convoy-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad_type = dir.join("bad-type.toml");
+    std::fs::write(&bad_type, "url = \"memory://\"\npartitions = \"eight\"\n").unwrap();
+    assert_one_line_error(
+        &convoy(&["--config", bad_type.to_str().unwrap(), "bench"]),
+        &["bad-type.toml", "line 2", "partitions"],
+    );
+    let unknown = dir.join("unknown.toml");
+    std::fs::write(&unknown, "url = \"memory://\"\ntopicz = [\"a\"]\n").unwrap();
+    assert_one_line_error(
+        &convoy(&["--config", unknown.to_str().unwrap(), "bench"]),
+        &["unknown field `topicz`"],
+    );
+    assert_one_line_error(
+        &convoy(&["--config", "/nonexistent/convoy.toml", "bench"]),
+        &["/nonexistent/convoy.toml"],
+    );
+    assert_one_line_error(
+        &convoy_with_env(&["bench"], &[("CONVOY_PARTITIONS", "eight")]),
+        &["`CONVOY_PARTITIONS`"],
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_input_lines_and_unsafe_replays_are_refused() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["--topic", "t", "produce"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"k1\tv1\nno separator here\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_one_line_error(&out, &["line 2", "KEY\\tPAYLOAD"]);
+    assert_one_line_error(&convoy(&["--topic", "t", "dlq", "replay"]), &["--all"]);
+    assert_one_line_error(&convoy(&["consume"]), &["--topic"]);
+}
