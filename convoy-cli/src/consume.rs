@@ -64,9 +64,22 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
     }
     let report = running.stop().await.map_err(|e| e.to_string())?;
     let s = report.stats;
+    let committed: Vec<String> = report
+        .committed
+        .iter()
+        .map(|(source, watermark)| format!("{source}={watermark}"))
+        .collect();
     eprintln!(
-        "stopped: {} handled, {} dead-lettered, {} duplicates skipped, {} retries; committed {:?}",
-        s.handled, s.dead_lettered, s.duplicates, s.retries, report.committed
+        "stopped: {} handled, {} dead-lettered, {} duplicates skipped, {} retries; committed watermarks: {}",
+        s.handled,
+        s.dead_lettered,
+        s.duplicates,
+        s.retries,
+        if committed.is_empty() {
+            "none".to_owned()
+        } else {
+            committed.join(", ")
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -144,7 +144,9 @@ impl KafkaBed {
         )
         .await?;
         Ok(KafkaBed {
-            publisher: Arc::new(KafkaPublisher::new(&config, topic.as_str())?),
+            // Plain records, as the seed's producer sent them (convoy's publisher would add an
+            // event id and a traceparent to each; `convoy bench --url kafka://…` measures that).
+            publisher: Arc::new(KafkaPublisher::new(&config, topic.as_str())?.without_stamps()),
             sink: Arc::new(KafkaDeadLetterSink::new(&config)?),
             partitions: args.partitions,
             config,

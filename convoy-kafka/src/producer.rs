@@ -24,6 +24,7 @@ const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct KafkaPublisher {
     producer: FutureProducer,
     topic: String,
+    stamp: bool,
 }
 
 impl KafkaPublisher {
@@ -36,7 +37,16 @@ impl KafkaPublisher {
         Ok(KafkaPublisher {
             producer,
             topic: topic.into(),
+            stamp: true,
         })
+    }
+
+    /// Publishes messages exactly as given: no event id or `traceparent` is added (for
+    /// consumers that are not convoy, or load generators reproducing another producer). Without
+    /// an event id, duplicates are detected by source and offset only.
+    pub fn without_stamps(mut self) -> Self {
+        self.stamp = false;
+        self
     }
 
     /// The topic published to.
@@ -132,13 +142,15 @@ fn stamp(message: &mut OutgoingMessage) {
 #[async_trait]
 impl Publisher for KafkaPublisher {
     async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
-        stamp(&mut message);
+        if self.stamp {
+            stamp(&mut message);
+        }
         self.send(&message).await
     }
 
     async fn publish_all(&self, mut messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
-        for message in &mut messages {
-            stamp(message);
+        if self.stamp {
+            messages.iter_mut().for_each(stamp);
         }
         self.send_all(&messages).await
     }

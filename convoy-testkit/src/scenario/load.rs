@@ -8,10 +8,13 @@ use convoy_core::{Publisher, TransportError};
 use crate::checker::OrderChecker;
 use crate::probe::{probe_batch, unix_micros, SENT_AT_HEADER};
 
-/// Messages handed to the publisher at once: large enough to pipeline on a network broker,
-/// small enough that buffers are shared by few messages (parallel shards would otherwise
-/// contend on one buffer's reference count).
+/// Messages built per shared buffer: few enough that parallel shards rarely contend on one
+/// buffer's reference count (a real transport gives each message its own buffer).
 const CHUNK: usize = 256;
+
+/// Messages handed to the publisher at once when pre-filling: enough for a network producer to
+/// form full batches (the broker stores them as sent, and consumers fetch them that way).
+const PREFILL_BATCH: usize = 16_384;
 
 /// Most messages sent in one live step when unthrottled.
 const LIVE_BURST: usize = 4_096;
@@ -23,13 +26,17 @@ pub async fn prefill(
     messages: u64,
     keys: usize,
 ) -> Result<(), TransportError> {
+    let total = messages as usize;
     let mut from = 0usize;
-    while (from as u64) < messages {
-        let count = CHUNK.min(messages as usize - from);
-        publisher
-            .publish_all(probe_batch(checker, "key-", keys, from, count))
-            .await?;
-        from += count;
+    while from < total {
+        let end = (from + PREFILL_BATCH).min(total);
+        let mut batch = Vec::with_capacity(end - from);
+        while from < end {
+            let count = CHUNK.min(end - from);
+            batch.extend(probe_batch(checker, "key-", keys, from, count));
+            from += count;
+        }
+        publisher.publish_all(batch).await?;
     }
     Ok(())
 }
