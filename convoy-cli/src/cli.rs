@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 ///
 /// Start with `convoy bench`: it runs the seed scenario on memory:// and prints a table.
 #[derive(Parser, Debug)]
-#[command(name = "convoy", version, max_term_width = 100)]
+#[command(name = "convoy", version, max_term_width = 100, after_long_help = EXAMPLES)]
 pub struct Cli {
     /// Broker URL, e.g. memory:// or kafka://127.0.0.1:9092?group=billing&topics=ledger
     /// (any librdkafka property may be added as a parameter, e.g. &security.protocol=ssl).
@@ -36,6 +36,15 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  convoy bench                                              # seed scenario, embedded broker
+  convoy --url kafka://127.0.0.1:9092 bench --scenario seed-load --rate 20000 --duration 10
+  printf 'acct-1\\t{\"cents\":500}\\n' | convoy --url kafka://127.0.0.1:9092 --topic ledger produce
+  convoy --url kafka://127.0.0.1:9092 --topic ledger --group billing consume --metrics-addr 127.0.0.1:9898
+  convoy --url kafka://127.0.0.1:9092 --topic ledger dlq list
+  convoy --url kafka://127.0.0.1:9092 --topic ledger dlq replay --key acct-1 --dry-run";
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]

@@ -46,3 +46,28 @@ pub(crate) async fn open(endpoint: &Endpoint) -> Result<Backend, ConnectError> {
         other => Err(ConnectError::UnknownScheme(other.to_owned())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn refusal(url: &str) -> String {
+        match open(&Endpoint::parse(url).unwrap()).await {
+            Ok(_) => panic!("{url} should be refused"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn schemes_without_a_backend_name_what_provides_them() {
+        assert!(refusal("amqp://127.0.0.1").await.contains("`convoy-amqp` crate"));
+        assert!(refusal("nats://127.0.0.1").await.contains("`convoy-nats` crate"));
+        assert!(refusal("mqtt://127.0.0.1")
+            .await
+            .contains("unknown broker URL scheme `mqtt://`"));
+        #[cfg(not(feature = "kafka"))]
+        assert!(refusal("kafka://127.0.0.1:9092")
+            .await
+            .contains("enable the `kafka` feature of the `convoy` crate"));
+    }
+}
