@@ -1,19 +1,26 @@
 //! Consumer *processes* against a real Kafka-protocol broker: members joining and leaving a
 //! group mid-stream, and members killed with SIGKILL and restarted. Each process appends what it
 //! handled to one shared log (O_APPEND), replayed afterwards through the order checker.
+//!
+//! The SIGKILL test runs twice: on Tansu (which drops commit metadata, so only the watermark
+//! survives a kill) and on librdkafka's mock cluster, which keeps commit metadata — there the
+//! offset map must keep every offset it recorded as finished from being handled again.
 
 #![allow(clippy::unwrap_used)] // tests unwrap what they set up themselves
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use convoy_core::SourceId;
+use convoy_kafka::convert::source_id;
 use convoy_kafka::KafkaPublisher;
 use convoy_testkit::probe::publish_load;
 use convoy_testkit::{CheckReport, OrderChecker};
+use rdkafka::mocking::MockCluster;
 
 struct Line {
     key: String,
@@ -126,6 +133,7 @@ struct Setup {
     checker: OrderChecker,
 }
 
+/// A fresh topic, group and log on the broker named by `CONVOY_KAFKA_BOOTSTRAP`.
 async fn setup(partitions: i32) -> Option<Setup> {
     common::init_tracing();
     let bootstrap = common::bootstrap().or_else(|| {
@@ -137,18 +145,22 @@ async fn setup(partitions: i32) -> Option<Setup> {
     })?;
     let topic = common::unique("convoy-proc");
     common::create_topic(&bootstrap, &topic, partitions).await;
+    common::create_topic(&bootstrap, &format!("{topic}.dlq"), 1).await;
+    Some(setup_on(bootstrap, topic))
+}
+
+fn setup_on(bootstrap: String, topic: String) -> Setup {
     let config = common::test_config(&bootstrap, &common::unique("convoy-proc-group"), &topic);
-    common::create_topic(&bootstrap, &config.dlq_topic(), 1).await;
     let log = std::env::temp_dir().join(format!("{topic}.log"));
     let _ = std::fs::remove_file(&log);
-    Some(Setup {
+    Setup {
         publisher: KafkaPublisher::new(&config, &topic).unwrap(),
         bootstrap,
         group: config.group_id.clone(),
         topic,
         log,
         checker: OrderChecker::new(),
-    })
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,56 +184,111 @@ async fn members_joining_and_leaving_mid_stream_lose_nothing() {
     let _ = std::fs::remove_file(&s.log);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkilled_members_restart_without_loss_or_committed_rework() {
-    let Some(s) = setup(3).await else { return };
+/// What the group had committed right after a kill, and how long the log was then.
+struct Kill {
+    log_len: usize,
+    committed: BTreeMap<SourceId, (Option<u64>, Vec<u64>)>,
+}
+
+/// Publishes `keys × per_key` probes, runs a consumer and SIGKILLs it three times mid-stream
+/// (no drain, no commit, no leave), then lets a last one finish. Returns the log and the kills.
+async fn kill_three_times(s: &Setup, partitions: i32, args: &[&str]) -> (Vec<Line>, Vec<Kill>) {
     let (keys, per_key) = (15, 100);
     publish_load(&s.publisher, &s.checker, "k", keys, per_key)
         .await
         .unwrap();
     let total = keys * per_key;
-    let args = ["1"];
     let config = common::test_config(&s.bootstrap, &s.group, &s.topic);
-    // After each kill: how long the log was, and what the group had committed.
     let mut kills = Vec::new();
     for round in 1..=3 {
-        let mut victim = spawn(&s.bootstrap, &s.topic, &s.group, &s.log, &args);
+        let mut victim = spawn(&s.bootstrap, &s.topic, &s.group, &s.log, args);
         wait_distinct(&s.log, round * 300).await;
-        victim.0.kill().unwrap(); // SIGKILL: no drain, no commit, no leave
+        victim.0.kill().unwrap();
         victim.0.wait().unwrap();
-        let committed = common::committed(&config, &s.topic, 3);
-        kills.push((read_log(&s.log).len(), committed));
+        kills.push(Kill {
+            log_len: read_log(&s.log).len(),
+            committed: common::committed_with_map(&config, &s.topic, partitions),
+        });
     }
-    let last = spawn(&s.bootstrap, &s.topic, &s.group, &s.log, &args);
+    let last = spawn(&s.bootstrap, &s.topic, &s.group, &s.log, args);
     wait_distinct(&s.log, total).await;
     terminate(last);
     let lines = read_log(&s.log);
     let report = replay(&s.checker, &s.log);
     assert!(report.is_clean(), "{report:#?}");
     assert_eq!(report.finished, total as u64);
-    // Nothing at or below a committed watermark is handled again after a kill; re-handling is
-    // confined to the uncommitted window (keys of a partition running ahead of its slowest
-    // key). On a broker that keeps commit metadata the offset map skips that window too; Tansu
-    // drops metadata (see offset_map_kafka.rs), so here it is handled again.
-    let mut committed_again = Vec::new();
-    for (at, committed) in &kills {
-        let before: HashSet<(i32, u64)> = lines[..*at].iter().map(|l| (l.partition, l.offset)).collect();
-        for l in &lines[*at..] {
-            let watermark = committed.get(&convoy_kafka::convert::source_id(&s.topic, l.partition));
-            if watermark.is_some_and(|w| l.offset <= *w) && before.contains(&(l.partition, l.offset)) {
-                committed_again.push((l.partition, l.offset));
+    eprintln!(
+        "{} kills: {} lines for {total} messages, {} re-handled",
+        kills.len(),
+        lines.len(),
+        lines.len() - total
+    );
+    (lines, kills)
+}
+
+/// Messages handled again after a kill although the group had recorded them as finished: at or
+/// below the committed watermark, or (`with_map`) in the commit's offset map. Also returns how
+/// many finished offsets above the watermark the offset map carried over all kills.
+fn rework_of_recorded(s: &Setup, lines: &[Line], kills: &[Kill], with_map: bool) -> (Vec<(i32, u64)>, usize) {
+    let mut again = Vec::new();
+    let mut mapped = 0;
+    for kill in kills {
+        let before: HashSet<(i32, u64)> = lines[..kill.log_len]
+            .iter()
+            .map(|l| (l.partition, l.offset))
+            .collect();
+        mapped += kill
+            .committed
+            .values()
+            .map(|(_, above)| above.len())
+            .sum::<usize>();
+        for l in &lines[kill.log_len..] {
+            let Some((watermark, above)) = kill.committed.get(&source_id(&s.topic, l.partition)) else {
+                continue;
+            };
+            let recorded =
+                watermark.is_some_and(|w| l.offset <= w) || (with_map && above.contains(&l.offset));
+            if recorded && before.contains(&(l.partition, l.offset)) {
+                again.push((l.partition, l.offset));
             }
         }
     }
-    let rehandled = lines.len() - total;
-    eprintln!(
-        "{} kills: {} lines for {total} messages, {rehandled} re-handled",
-        kills.len(),
-        lines.len()
+    (again, mapped)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_members_restart_without_loss_or_committed_rework() {
+    let Some(s) = setup(3).await else { return };
+    let (lines, kills) = kill_three_times(&s, 3, &["1"]).await;
+    // Nothing at or below a committed watermark is handled again after a kill; re-handling is
+    // confined to the uncommitted window. Tansu drops commit metadata (offset_map_kafka.rs), so
+    // finished offsets above the watermark are handled again here.
+    let (again, _) = rework_of_recorded(&s, &lines, &kills, false);
+    assert!(again.is_empty(), "committed messages handled again: {again:?}");
+    let _ = std::fs::remove_file(&s.log);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_members_skip_what_the_offset_map_recorded() {
+    common::init_tracing();
+    // librdkafka's mock cluster keeps commit metadata (Tansu does not); it listens on the
+    // loopback, so the consumer processes reach it like a broker.
+    let mock = MockCluster::new(1).unwrap();
+    let topic = common::unique("convoy-map-proc");
+    mock.create_topic(&topic, 3, 1).unwrap();
+    mock.create_topic(&format!("{topic}.dlq"), 1, 1).unwrap();
+    let s = setup_on(mock.bootstrap_servers(), topic);
+    // k0 is slow, so its partition's watermark lags while other keys there finish above it.
+    let (lines, kills) = kill_three_times(&s, 3, &["1", "k0=25"]).await;
+    let (again, mapped) = rework_of_recorded(&s, &lines, &kills, true);
+    eprintln!("the offset map carried {mapped} finished offsets above the watermark over 3 kills");
+    assert!(
+        mapped > 0,
+        "the slow key should leave finished offsets above the watermark"
     );
     assert!(
-        committed_again.is_empty(),
-        "committed messages handled again: {committed_again:?}"
+        again.is_empty(),
+        "offsets the group recorded as finished were handled again: {again:?}"
     );
     let _ = std::fs::remove_file(&s.log);
 }

@@ -151,6 +151,19 @@ pub fn read_topic(bootstrap: &str, topic: &str, expected: usize, limit: Duration
 
 /// The group's committed watermarks (`next - 1`) per partition.
 pub fn committed(config: &KafkaConfig, topic: &str, partitions: i32) -> BTreeMap<SourceId, Offset> {
+    committed_with_map(config, topic, partitions)
+        .into_iter()
+        .filter_map(|(source, (watermark, _))| Some((source, watermark?)))
+        .collect()
+}
+
+/// The group's committed state per partition: the watermark (if any) and the offsets above it
+/// recorded as finished in the commit metadata (the offset map).
+pub fn committed_with_map(
+    config: &KafkaConfig,
+    topic: &str,
+    partitions: i32,
+) -> BTreeMap<SourceId, (Option<Offset>, Vec<Offset>)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &config.bootstrap_servers)
         .set("group.id", &config.group_id)
@@ -165,8 +178,10 @@ pub fn committed(config: &KafkaConfig, topic: &str, partitions: i32) -> BTreeMap
     got.elements()
         .iter()
         .filter_map(|e| match e.offset() {
-            KafkaOffset::Offset(next) if next > 0 => {
-                Some((source_id(e.topic(), e.partition()), (next - 1) as Offset))
+            KafkaOffset::Offset(next) if next >= 0 => {
+                let watermark = (next > 0).then(|| (next - 1) as Offset);
+                let above = convoy_kafka::offset_map::decode(next as Offset, e.metadata());
+                Some((source_id(e.topic(), e.partition()), (watermark, above)))
             }
             _ => None,
         })
