@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -77,9 +77,46 @@ pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
     }
 }
 
+/// Creates a topic with a number of partitions (on brokers without the CreateTopics API).
+pub type TopicCreator = Arc<dyn Fn(&str, i32) + Send + Sync>;
+
 pub struct KafkaTarget {
     bootstrap: Option<String>,
     assignor: convoy_kafka::Assignor,
+    create: Option<TopicCreator>,
+}
+
+/// librdkafka's in-process mock cluster (one per test binary), kept alive on its own thread (it
+/// is not `Send`) and listening on the loopback like a broker. It keeps commit metadata and
+/// implements the group protocols fully, but has no CreateTopics: topics are created through
+/// the returned function.
+pub fn mock_cluster() -> (String, TopicCreator) {
+    type Request = (String, i32, std::sync::mpsc::Sender<()>);
+    static MOCK: std::sync::OnceLock<(String, std::sync::mpsc::Sender<Request>)> = std::sync::OnceLock::new();
+    let (bootstrap, requests) = MOCK.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (req_tx, req_rx) = std::sync::mpsc::channel::<Request>();
+        std::thread::spawn(move || {
+            let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
+            tx.send(mock.bootstrap_servers()).unwrap();
+            for (topic, partitions, done) in req_rx {
+                mock.create_topic(&topic, partitions, 1).unwrap();
+                let _ = done.send(());
+            }
+        });
+        (rx.recv().unwrap(), req_tx)
+    });
+    let requests = Mutex::new(requests.clone());
+    let create: TopicCreator = Arc::new(move |topic: &str, partitions: i32| {
+        let (done, wait) = std::sync::mpsc::channel();
+        requests
+            .lock()
+            .unwrap()
+            .send((topic.to_owned(), partitions, done))
+            .unwrap();
+        wait.recv().unwrap();
+    });
+    (bootstrap.clone(), create)
 }
 
 impl KafkaTarget {
@@ -89,6 +126,18 @@ impl KafkaTarget {
         KafkaTarget {
             bootstrap: bootstrap(),
             assignor: convoy_kafka::Assignor::default(),
+            create: None,
+        }
+    }
+
+    /// A target on librdkafka's mock cluster with `assignor`.
+    pub fn on_mock(assignor: convoy_kafka::Assignor) -> Self {
+        init_tracing();
+        let (bootstrap, create) = mock_cluster();
+        KafkaTarget {
+            bootstrap: Some(bootstrap),
+            assignor,
+            create: Some(create),
         }
     }
 
@@ -110,13 +159,26 @@ pub struct KafkaBed {
 }
 
 impl KafkaBed {
-    pub async fn new(bootstrap: &str, partitions: u32, assignor: convoy_kafka::Assignor) -> Self {
+    pub async fn new(
+        bootstrap: &str,
+        partitions: u32,
+        assignor: convoy_kafka::Assignor,
+        create: Option<&TopicCreator>,
+    ) -> Self {
         let topic = unique("convoy-test");
         let group = unique("convoy-group");
-        create_topic(bootstrap, &topic, partitions as i32).await;
         let mut config = test_config(bootstrap, &group, &topic);
         config.assignor = assignor;
-        create_topic(bootstrap, &config.dlq_topic(), 1).await;
+        match create {
+            Some(create) => {
+                create(&topic, partitions as i32);
+                create(&config.dlq_topic(), 1);
+            }
+            None => {
+                create_topic(bootstrap, &topic, partitions as i32).await;
+                create_topic(bootstrap, &config.dlq_topic(), 1).await;
+            }
+        }
         KafkaBed {
             publisher: Arc::new(KafkaPublisher::new(&config, &topic).unwrap()),
             sink: Arc::new(KafkaDeadLetterSink::new(&config).unwrap()),
@@ -243,7 +305,7 @@ impl ConformanceTarget for KafkaTarget {
     async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError> {
         let bootstrap = self.bootstrap.as_deref().ok_or(TransportError::Closed)?;
         Ok(Box::new(
-            KafkaBed::new(bootstrap, partitions, self.assignor).await,
+            KafkaBed::new(bootstrap, partitions, self.assignor, self.create.as_ref()).await,
         ))
     }
 }
