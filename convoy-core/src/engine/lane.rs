@@ -21,7 +21,9 @@ use crate::metrics::LaneMetrics;
 use crate::retry::{Backoff, OnExhausted, RetryPolicy};
 use crate::trace_context::TraceContext;
 
-/// Everything a lane needs, shared by all lanes of an engine.
+/// Everything a lane needs, shared by all lanes of an engine. Its trait objects are called
+/// through an explicit deref (`(*ctx.handler).handle(…)`): method lookup would otherwise pick the
+/// `Arc` blanket impls first and box every call's future twice.
 pub(crate) struct LaneContext {
     pub handler: Arc<dyn Handler>,
     pub retry: RetryPolicy,
@@ -117,7 +119,7 @@ async fn handle_to_the_end(
     ctx.metrics.queue_time.record(received.elapsed().as_secs_f64());
     let event_id = ctx.idempotency.as_ref().map(|_| message.event_id());
     if let (Some(store), Some(id)) = (&ctx.idempotency, &event_id) {
-        if store.contains(id).await {
+        if (**store).contains(id).await {
             tracing::debug!(event_id = %id, "skipping duplicate");
             stats.duplicates.fetch_add(1, Relaxed);
             ctx.metrics.duplicates.increment(1);
@@ -138,7 +140,7 @@ async fn handle_to_the_end(
         let reason = reason(ctx, &failure, 0, now, now);
         let outcome = dead_letter(ctx, stats, &message, reason, &mut fastrand::Rng::new()).await;
         if let (Some(store), Some(id)) = (&ctx.idempotency, event_id) {
-            store.insert(id).await;
+            (**store).insert(id).await;
         }
         return outcome;
     }
@@ -201,7 +203,7 @@ async fn handle_to_the_end(
         attempt = attempt.saturating_add(1);
     };
     if let (Some(store), Some(id)) = (&ctx.idempotency, event_id) {
-        store.insert(id).await;
+        (**store).insert(id).await;
     }
     outcome
 }
@@ -247,7 +249,7 @@ fn screen(ctx: &LaneContext, message: &Message) -> Option<String> {
 
 /// One attempt: panics and timeouts become failures like any other.
 async fn attempt_once(ctx: &LaneContext, delivery: Delivery) -> Result<(), Failure> {
-    let call = std::panic::catch_unwind(AssertUnwindSafe(|| ctx.handler.handle(delivery)));
+    let call = std::panic::catch_unwind(AssertUnwindSafe(|| (*ctx.handler).handle(delivery)));
     let future = match call {
         Ok(future) => AssertUnwindSafe(future).catch_unwind(),
         Err(panic) => return Err(panicked(panic)),
@@ -331,7 +333,7 @@ pub(crate) async fn dead_letter(
         reason,
     };
     let mut failures = 0u32;
-    while let Err(e) = ctx.sink.publish(&dead_letter).await {
+    while let Err(e) = (*ctx.sink).publish(&dead_letter).await {
         failures = failures.saturating_add(1);
         ctx.metrics.sink_failures.increment(1);
         let delay = ctx.dead_letter_backoff.delay(failures, rng);
