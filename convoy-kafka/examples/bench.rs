@@ -133,10 +133,11 @@ impl KafkaBed {
         config
             .properties
             .insert("heartbeat.interval.ms".into(), "500".into());
-        config.properties.extend(args.property.iter().cloned());
+        // Room for a pre-filled topic in the producer's queue; --property overrides any default.
         config
             .properties
             .insert("queue.buffering.max.messages".into(), "1000000".into());
+        config.properties.extend(args.property.iter().cloned());
         admin::check_reachable(&config).await?;
         admin::create_topics(
             &config,

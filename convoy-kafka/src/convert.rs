@@ -1,6 +1,6 @@
 //! Translation between Kafka records and convoy messages.
 
-use bytes::Bytes;
+use bytes::BytesMut;
 use convoy_core::{Headers, Message, SourceId};
 use rdkafka::message::{BorrowedMessage, Header, Headers as _, OwnedHeaders};
 use rdkafka::Message as _;
@@ -16,24 +16,38 @@ pub fn topic_partition(source: &SourceId) -> Option<(&str, i32)> {
     Some((topic, partition.parse().ok()?))
 }
 
-/// Copies a fetched record into a convoy message.
+/// Copies a fetched record into a convoy message: key, payload and header values share one
+/// allocation (a record outlives its fetch buffer only as long as its message lives).
 pub fn to_message(record: &BorrowedMessage<'_>, source: &SourceId) -> Message {
-    let headers = record
-        .headers()
+    let key = record.key().unwrap_or_default();
+    let payload = record.payload().unwrap_or_default();
+    let headers = record.headers();
+    let header_bytes: usize = headers.map_or(0, |hs| hs.iter().map(|h| h.value.map_or(0, <[u8]>::len)).sum());
+    let mut buf = BytesMut::with_capacity(key.len() + payload.len() + header_bytes);
+    buf.extend_from_slice(key);
+    buf.extend_from_slice(payload);
+    let values_at = buf.len();
+    if let Some(hs) = headers {
+        for h in hs.iter() {
+            buf.extend_from_slice(h.value.unwrap_or_default());
+        }
+    }
+    let buf = buf.freeze();
+    let mut at = values_at;
+    let headers = headers
         .map(|hs| {
             hs.iter()
                 .map(|h| {
-                    (
-                        h.key.to_owned(),
-                        h.value.map(Bytes::copy_from_slice).unwrap_or_default(),
-                    )
+                    let len = h.value.map_or(0, <[u8]>::len);
+                    at += len;
+                    (h.key.to_owned(), buf.slice(at - len..at))
                 })
                 .collect()
         })
         .unwrap_or_default();
     Message {
-        key: record.key().map(Bytes::copy_from_slice),
-        payload: record.payload().map(Bytes::copy_from_slice).unwrap_or_default(),
+        key: record.key().map(|_| buf.slice(..key.len())),
+        payload: buf.slice(key.len()..values_at),
         headers,
         source: source.clone(),
         offset: record.offset().max(0) as u64,
