@@ -192,7 +192,15 @@ struct Kill {
 
 /// Publishes `keys × per_key` probes, runs a consumer and SIGKILLs it three times mid-stream
 /// (no drain, no commit, no leave), then lets a last one finish. Returns the log and the kills.
-async fn kill_three_times(s: &Setup, partitions: i32, args: &[&str]) -> (Vec<Line>, Vec<Kill>) {
+/// With `wait_for_map`, each kill also waits until the group's commits carry an offset map (so
+/// the kill lands after the consumer recorded finished offsets above a watermark, however fast
+/// or slow the machine is).
+async fn kill_three_times(
+    s: &Setup,
+    partitions: i32,
+    args: &[&str],
+    wait_for_map: bool,
+) -> (Vec<Line>, Vec<Kill>) {
     let (keys, per_key) = (15, 100);
     publish_load(&s.publisher, &s.checker, "k", keys, per_key)
         .await
@@ -203,6 +211,18 @@ async fn kill_three_times(s: &Setup, partitions: i32, args: &[&str]) -> (Vec<Lin
     for round in 1..=3 {
         let mut victim = spawn(&s.bootstrap, &s.topic, &s.group, &s.log, args);
         wait_distinct(&s.log, round * 300).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while wait_for_map
+            && common::committed_with_map(&config, &s.topic, partitions)
+                .values()
+                .all(|(_, above)| above.is_empty())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no commit carried an offset map within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         victim.0.kill().unwrap();
         victim.0.wait().unwrap();
         kills.push(Kill {
@@ -259,7 +279,7 @@ fn rework_of_recorded(s: &Setup, lines: &[Line], kills: &[Kill], with_map: bool)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_members_restart_without_loss_or_committed_rework() {
     let Some(s) = setup(3).await else { return };
-    let (lines, kills) = kill_three_times(&s, 3, &["1"]).await;
+    let (lines, kills) = kill_three_times(&s, 3, &["1"], false).await;
     // Nothing at or below a committed watermark is handled again after a kill; re-handling is
     // confined to the uncommitted window. Tansu drops commit metadata (offset_map_kafka.rs), so
     // finished offsets above the watermark are handled again here.
@@ -279,7 +299,7 @@ async fn sigkilled_members_skip_what_the_offset_map_recorded() {
     mock.create_topic(&format!("{topic}.dlq"), 1, 1).unwrap();
     let s = setup_on(mock.bootstrap_servers(), topic);
     // k0 is slow, so its partition's watermark lags while other keys there finish above it.
-    let (lines, kills) = kill_three_times(&s, 3, &["1", "k0=25"]).await;
+    let (lines, kills) = kill_three_times(&s, 3, &["1", "k0=25"], true).await;
     let (again, mapped) = rework_of_recorded(&s, &lines, &kills, true);
     eprintln!("the offset map carried {mapped} finished offsets above the watermark over 3 kills");
     assert!(
