@@ -9,7 +9,7 @@
 //! - [`transport`]: the contract adapters implement (subscription events, pause/resume,
 //!   commit, publisher);
 //! - [`engine`]: intake → shards → lanes → handler, with completions feeding the watermark;
-//! - [`handler`] and [`typed`]: the handler contract and the serde-decoding layer;
+//! - [`handler`] and [`typed`](mod@typed): the handler contract and the serde-decoding layer;
 //! - [`retry`]: backoff, jitter and limits for in-lane retry;
 //! - [`dead_letter`]: sinks and the reason headers;
 //! - [`watermark`]: the contiguous watermark per source;

@@ -22,7 +22,7 @@
 //! - [`connect`] / [`ConnectConfig`]: URL, TOML file and `CONVOY_*` settings → a [`Connection`];
 //! - [`Connection`]: subscribe, publish, dead-letter sink, topics, baseline;
 //! - [`dlq`]: list dead letters with their reasons and replay selected ones;
-//! - [`bench`]: benchmark scenarios on any connection;
+//! - [`bench`](mod@bench): benchmark scenarios on any connection;
 //! - everything of `convoy-core` (engine, handlers, retry, dead letters, transport contract).
 //!
 //! Features: `memory` (the embedded broker, `memory://`) and `kafka` (`kafka://`), both default.
