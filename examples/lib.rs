@@ -37,13 +37,7 @@ impl Example {
     /// Parses `--url`, connects and creates `<name>-<unique>` and its dead-letter topic.
     pub async fn setup(name: &'static str) -> Result<Example, Error> {
         let args = Args::parse();
-        let unique = format!(
-            "{}-{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros())
-        );
+        let unique = convoy::bench::unique_suffix();
         let topic = format!("{name}-{unique}");
         let connection = convoy::connect(&args.url)
             .await?

@@ -5,26 +5,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use convoy::bench::ConnectionBed;
-use convoy::{Backoff, ConnectConfig, Jitter, RetryPolicy};
+use convoy::ConnectConfig;
 use convoy_testkit::probe::Latency;
-use convoy_testkit::scenario::{run as run_scenario, Load, Scenario};
+use convoy_testkit::scenario::{run as run_scenario, seed_retry, Load, Scenario};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{BenchArgs, ScenarioName};
 use crate::settings::connect;
-
-/// The seed's retry policy: backoff 1 ms, factor 2, cap 100 ms, full jitter.
-fn seed_retry() -> RetryPolicy {
-    RetryPolicy {
-        backoff: Backoff {
-            base: Duration::from_millis(1),
-            factor: 2.0,
-            cap: Duration::from_millis(100),
-            jitter: Jitter::Full,
-        },
-        ..RetryPolicy::default()
-    }
-}
 
 /// The scenario the arguments describe.
 pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {

@@ -37,6 +37,14 @@ pub fn is_secret(name: &str) -> bool {
         || n.contains("oauthbearer.config")
 }
 
+/// Name/value settings as `Debug` should show them: secret values replaced by `<redacted>`.
+pub fn redacted<'a>(settings: impl IntoIterator<Item = (&'a String, &'a String)>) -> Vec<(&'a str, &'a str)> {
+    settings
+        .into_iter()
+        .map(|(k, v)| (k.as_str(), if is_secret(k) { "<redacted>" } else { v.as_str() }))
+        .collect()
+}
+
 /// What happens to messages without a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KeylessPolicy {

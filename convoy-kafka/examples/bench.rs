@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use convoy_core::{
-    BackPressure, Backoff, DeadLetterSink, Jitter, Publisher, RetryPolicy, SourceEvent, Subscription,
-    Transport, TransportError,
+    BackPressure, DeadLetterSink, Publisher, SourceEvent, Subscription, Transport, TransportError,
 };
 use convoy_kafka::{admin, baseline, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::probe::{unix_micros, Latency};
-use convoy_testkit::scenario::{bench_main, prefill, run, Load, Scenario, ScenarioBed, ScenarioReport};
+use convoy_testkit::scenario::{
+    bench_main, prefill, run, seed_retry, Load, Scenario, ScenarioBed, ScenarioReport,
+};
 use convoy_testkit::OrderChecker;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -89,15 +90,7 @@ fn scenario(args: &Args) -> Scenario {
         latency,
         load,
         seed: 7,
-        retry: RetryPolicy {
-            backoff: Backoff {
-                base: Duration::from_millis(1),
-                factor: 2.0,
-                cap: Duration::from_millis(100),
-                jitter: Jitter::Full,
-            },
-            ..RetryPolicy::default()
-        },
+        retry: seed_retry(),
         ..Scenario::default()
     };
     if let Some(high) = args.source_high {

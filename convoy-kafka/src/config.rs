@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use convoy_core::config::is_secret;
+use convoy_core::config::redacted;
 use convoy_core::ConfigError;
 use rdkafka::ClientConfig;
 use serde::Deserialize;
@@ -81,11 +81,7 @@ const RESERVED: [&str; 4] = [
 
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let properties: BTreeMap<&str, &str> = self
-            .properties
-            .iter()
-            .map(|(k, v)| (k.as_str(), if is_secret(k) { "<redacted>" } else { v.as_str() }))
-            .collect();
+        let properties = redacted(&self.properties);
         f.debug_struct("KafkaConfig")
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("group_id", &self.group_id)

@@ -9,10 +9,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use convoy_core::{Backoff, Jitter, RetryPolicy};
 use convoy_testkit::memory::run_memory;
 use convoy_testkit::probe::Latency;
-use convoy_testkit::scenario::{bench_main, Scenario};
+use convoy_testkit::scenario::{bench_main, seed_retry, Scenario};
 
 #[derive(Parser, Debug)]
 #[command(about = "Benchmark the convoy engine on the in-memory broker (with a bare-drain baseline)")]
@@ -56,15 +55,7 @@ fn main() -> ExitCode {
             Latency::None
         },
         transient_rate: args.transient_rate,
-        retry: RetryPolicy {
-            backoff: Backoff {
-                base: Duration::from_millis(1),
-                factor: 2.0,
-                cap: Duration::from_millis(100),
-                jitter: Jitter::Full,
-            },
-            ..RetryPolicy::default()
-        },
+        retry: seed_retry(),
         baseline: !args.no_baseline,
         ..Scenario::default()
     };

@@ -20,16 +20,22 @@ pub struct ConnectionBed {
     sink: Arc<dyn DeadLetterSink>,
 }
 
+/// A suffix that makes names unique per process and moment (`<pid>-<micros hex>`), for fresh
+/// topics and groups on a shared broker.
+pub fn unique_suffix() -> String {
+    format!(
+        "{}-{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros())
+    )
+}
+
 impl ConnectionBed {
     /// Creates `convoy-bench-<unique>` with `partitions` partitions and its dead-letter topic.
     pub async fn new(connection: &Connection, partitions: u32) -> Result<Self, ConnectError> {
-        let unique = format!(
-            "{}-{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros())
-        );
+        let unique = unique_suffix();
         let topic = format!("convoy-bench-{unique}");
         let connection = connection
             .with_topics(&[topic.as_str()])

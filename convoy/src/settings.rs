@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use convoy_core::config::is_secret;
+use convoy_core::config::{is_secret, redacted};
 use convoy_core::ConfigError;
 use serde::Deserialize;
 
@@ -47,11 +47,7 @@ pub struct ConnectConfig {
 
 impl fmt::Debug for ConnectConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let properties: BTreeMap<&str, &str> = self
-            .properties
-            .iter()
-            .map(|(k, v)| (k.as_str(), if is_secret(k) { "<redacted>" } else { v.as_str() }))
-            .collect();
+        let properties = redacted(&self.properties);
         f.debug_struct("ConnectConfig")
             .field("url", &self.url.as_deref().map(redact_url))
             .field("group", &self.group)
@@ -203,11 +199,7 @@ pub struct Endpoint {
 
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let params: Vec<(&str, &str)> = self
-            .params
-            .iter()
-            .map(|(k, v)| (k.as_str(), if is_secret(k) { "<redacted>" } else { v.as_str() }))
-            .collect();
+        let params = redacted(self.params.iter().map(|(k, v)| (k, v)));
         f.debug_struct("Endpoint")
             .field("scheme", &self.scheme)
             .field("address", &self.address)

@@ -110,6 +110,19 @@ pub trait ScenarioBed: Send + Sync {
     async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError>;
 }
 
+/// The seed's retry policy: backoff 1 ms, factor 2, cap 100 ms, full jitter.
+pub fn seed_retry() -> RetryPolicy {
+    RetryPolicy {
+        backoff: convoy_core::Backoff {
+            base: Duration::from_millis(1),
+            factor: 2.0,
+            cap: Duration::from_millis(100),
+            jitter: convoy_core::Jitter::Full,
+        },
+        ..RetryPolicy::default()
+    }
+}
+
 /// Finished and total message counts while a run goes on.
 pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
 
