@@ -68,8 +68,8 @@ pub async fn create_topics(config: &KafkaConfig, topics: &[(&str, i32)]) -> Resu
 }
 
 /// Every message of `topic` from the beginning of each partition to its end at the time of
-/// the call, without joining a group or committing. Stops early when nothing arrives for
-/// `idle` (a broker whose end offsets are unreliable cannot keep it waiting for ever).
+/// the call, without joining a group or committing. Partitions that report no messages are
+/// read until nothing arrived for `idle`; so is everything, if the broker stops answering.
 pub async fn read_topic(
     config: &KafkaConfig,
     topic: &str,
@@ -92,8 +92,11 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
         .filter(|t| t.name() == topic && t.error().is_none())
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
-    // The end of each partition now; partitions already read to their end are dropped.
+    // The end of each partition now; partitions read to their end are dropped. A partition
+    // that reports itself empty is read until `idle` anyway: some brokers (Tansu's memory
+    // storage) answer end-offset queries wrongly, and a dead letter must not go unseen.
     let mut remaining = std::collections::BTreeMap::new();
+    let mut unsure = false;
     let mut assignment = TopicPartitionList::new();
     for p in partitions {
         let (low, high) = reader
@@ -101,12 +104,14 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
             .map_err(|e| TransportError::broker(format!("reading the end offsets of {topic}"), e))?;
         if high > low {
             remaining.insert(p, high);
-            assignment
-                .add_partition_offset(topic, p, KafkaOffset::Beginning)
-                .map_err(|e| TransportError::broker("assigning partitions", e))?;
+        } else {
+            unsure = true;
         }
+        assignment
+            .add_partition_offset(topic, p, KafkaOffset::Beginning)
+            .map_err(|e| TransportError::broker("assigning partitions", e))?;
     }
-    if remaining.is_empty() {
+    if assignment.count() == 0 {
         return Ok(Vec::new());
     }
     reader
@@ -114,7 +119,7 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
         .map_err(|e| TransportError::broker(format!("assigning the partitions of {topic}"), e))?;
     let mut messages = Vec::new();
     let mut last_progress = Instant::now();
-    while !remaining.is_empty() && last_progress.elapsed() < idle {
+    while (unsure || !remaining.is_empty()) && last_progress.elapsed() < idle {
         match reader.poll(Duration::from_millis(100)) {
             Some(Ok(record)) => {
                 use rdkafka::Message as _;
