@@ -8,7 +8,7 @@
 //! survivor's SyncGroup then gets REBALANCE_IN_PROGRESS (no leader will ever send the
 //! assignment), it rejoins, and the loop repeats every 8 s until the test gives up — the dead
 //! leader is never expired. The same client code passes the case every time on librdkafka's mock
-//! cluster (`conformance_kafka_mock.rs`, 4 of 4), and with cooperative-sticky on Tansu.
+//! cluster (`conformance_kafka_mock.rs`, 7 of 7 runs).
 
 mod common;
 

@@ -1,12 +1,24 @@
-//! The ownership-changing conformance cases with an eager assignor (range) on librdkafka's
-//! in-process mock cluster. The crash case is unreliable with Tansu's eager group handling (see
-//! `conformance_kafka_eager.rs`); here the eager protocol's crash path runs against a broker
-//! implementation that handles it, beside the rebalance and restart cases.
+//! Conformance cases on librdkafka's in-process mock cluster, which implements the group
+//! protocols where Tansu falls short: the crash case with both assignors (Tansu can keep a
+//! departed member as the group's leader; see `conformance_kafka.rs`), and the other
+//! ownership-changing cases with the eager assignor beside it.
 
 mod common;
 
-convoy_testkit::conformance_tests!(@cases common::KafkaTarget::on_mock(convoy_kafka::Assignor::Range);
-    crash_without_commit_redelivers_from_watermark,
-    rebalance_two_consumers_mid_stream,
-    restart_redelivers_nothing_committed,
-);
+mod cooperative_sticky {
+    use super::common;
+
+    convoy_testkit::conformance_tests!(@cases common::KafkaTarget::on_mock(convoy_kafka::Assignor::CooperativeSticky);
+        crash_without_commit_redelivers_from_watermark,
+    );
+}
+
+mod range {
+    use super::common;
+
+    convoy_testkit::conformance_tests!(@cases common::KafkaTarget::on_mock(convoy_kafka::Assignor::Range);
+        crash_without_commit_redelivers_from_watermark,
+        rebalance_two_consumers_mid_stream,
+        restart_redelivers_nothing_committed,
+    );
+}
