@@ -13,6 +13,9 @@ use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 use crate::config::KafkaConfig;
 use crate::convert::{source_id, to_message};
 
+/// How long [`read_topic`] keeps reading after the reported ends for messages they missed.
+const SETTLE: Duration = Duration::from_millis(1_500);
+
 /// How long a metadata request may take before the broker counts as unreachable.
 pub const REACH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -68,8 +71,9 @@ pub async fn create_topics(config: &KafkaConfig, topics: &[(&str, i32)]) -> Resu
 }
 
 /// Every message of `topic` from the beginning of each partition to its end at the time of
-/// the call, without joining a group or committing. Partitions that report no messages are
-/// read until nothing arrived for `idle`; so is everything, if the broker stops answering.
+/// the call, without joining a group or committing: until the reported ends were reached and
+/// nothing more arrived for 1.5 s (end offsets can be reported late), or nothing arrived for
+/// `idle`.
 pub async fn read_topic(
     config: &KafkaConfig,
     topic: &str,
@@ -92,11 +96,12 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
         .filter(|t| t.name() == topic && t.error().is_none())
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
-    // The end of each partition now; partitions read to their end are dropped. A partition
-    // that reports itself empty is read until `idle` anyway: some brokers (Tansu's memory
-    // storage) answer end-offset queries wrongly, and a dead letter must not go unseen.
+    // The end of each partition now; partitions read to their end are dropped. Reaching the
+    // reported ends is not trusted to be the end: some brokers (Tansu's memory storage) report
+    // end offsets late or wrongly, and a dead letter must not go unseen. So reading goes on until
+    // nothing arrived for `SETTLE` (longer than a fetch long-poll) after the reported ends, or
+    // for `idle` before them.
     let mut remaining = std::collections::BTreeMap::new();
-    let mut unsure = false;
     let mut assignment = TopicPartitionList::new();
     for p in partitions {
         let (low, high) = reader
@@ -104,8 +109,6 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
             .map_err(|e| TransportError::broker(format!("reading the end offsets of {topic}"), e))?;
         if high > low {
             remaining.insert(p, high);
-        } else {
-            unsure = true;
         }
         assignment
             .add_partition_offset(topic, p, KafkaOffset::Beginning)
@@ -119,7 +122,13 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
         .map_err(|e| TransportError::broker(format!("assigning the partitions of {topic}"), e))?;
     let mut messages = Vec::new();
     let mut last_progress = Instant::now();
-    while (unsure || !remaining.is_empty()) && last_progress.elapsed() < idle {
+    while last_progress.elapsed()
+        < if remaining.is_empty() {
+            SETTLE.min(idle)
+        } else {
+            idle
+        }
+    {
         match reader.poll(Duration::from_millis(100)) {
             Some(Ok(record)) => {
                 use rdkafka::Message as _;
