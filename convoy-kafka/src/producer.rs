@@ -55,15 +55,8 @@ impl KafkaPublisher {
     }
 
     async fn send(&self, message: &OutgoingMessage) -> Result<Receipt, TransportError> {
-        let headers = to_kafka_headers(&message.headers);
-        match self
-            .producer
-            .send(self.record(message, headers), QUEUE_TIMEOUT)
-            .await
-        {
-            Ok(delivery) => Ok(self.receipt(delivery.partition, delivery.offset)),
-            Err((e, _)) => Err(TransportError::broker(format!("publishing to {}", self.topic), e)),
-        }
+        let mut receipts = self.send_all(std::slice::from_ref(message)).await?;
+        receipts.pop().ok_or(TransportError::Closed)
     }
 
     fn record<'a>(

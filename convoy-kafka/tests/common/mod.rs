@@ -5,18 +5,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use convoy_core::{
     DeadLetterSink, Message, Offset, Publisher, SourceId, Subscription, Transport, TransportError,
 };
-use convoy_kafka::convert::{source_id, to_message};
+use convoy_kafka::convert::source_id;
 use convoy_kafka::{KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::conformance::{Capabilities, ConformanceTarget, TestBed};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 
@@ -61,20 +59,10 @@ pub fn test_config(bootstrap: &str, group: &str, topic: &str) -> KafkaConfig {
 }
 
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
+    let config = KafkaConfig::new(bootstrap, "convoy-test-admin", &[topic]);
+    convoy_kafka::admin::create_topics(&config, &[(topic, partitions)])
         .await
-        .unwrap();
-    for r in results {
-        r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
-    }
+        .unwrap_or_else(|e| panic!("creating topic {topic}: {e}"));
 }
 
 /// Creates a topic with a number of partitions (on brokers without the CreateTopics API).
@@ -106,14 +94,10 @@ pub fn mock_cluster() -> (String, TopicCreator) {
         });
         (rx.recv().unwrap(), req_tx)
     });
-    let requests = Mutex::new(requests.clone());
+    let requests = requests.clone();
     let create: TopicCreator = Arc::new(move |topic: &str, partitions: i32| {
         let (done, wait) = std::sync::mpsc::channel();
-        requests
-            .lock()
-            .unwrap()
-            .send((topic.to_owned(), partitions, done))
-            .unwrap();
+        requests.send((topic.to_owned(), partitions, done)).unwrap();
         wait.recv().unwrap();
     });
     (bootstrap.clone(), create)
@@ -189,28 +173,6 @@ impl KafkaBed {
     }
 }
 
-/// Reads every message of `topic` with a throwaway group until `expected` arrived or `limit`.
-pub fn read_topic(bootstrap: &str, topic: &str, expected: usize, limit: Duration) -> Vec<Message> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", unique("convoy-reader"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("session.timeout.ms", "6000")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
-    let deadline = Instant::now() + limit;
-    let mut out = Vec::new();
-    while out.len() < expected && Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            use rdkafka::Message as _;
-            out.push(to_message(&m, &source_id(m.topic(), m.partition())));
-        }
-    }
-    out
-}
-
 /// The group's committed watermarks (`next - 1`) per partition.
 pub fn committed(config: &KafkaConfig, topic: &str, partitions: i32) -> BTreeMap<SourceId, Offset> {
     committed_with_map(config, topic, partitions)
@@ -273,10 +235,20 @@ impl TestBed for KafkaBed {
     }
 
     async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError> {
-        let (bootstrap, topic) = (self.config.bootstrap_servers.clone(), self.config.dlq_topic());
-        tokio::task::spawn_blocking(move || read_topic(&bootstrap, &topic, expected, Duration::from_secs(30)))
-            .await
-            .map_err(|e| TransportError::broker("reading dead letters", e))
+        // Dead letters may still be on their way: read the topic again until they are all there.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let all = convoy_kafka::admin::read_topic(
+                &self.config,
+                &self.config.dlq_topic(),
+                Duration::from_secs(3),
+            )
+            .await?;
+            if all.len() >= expected || Instant::now() >= deadline {
+                return Ok(all);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError> {
