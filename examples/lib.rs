@@ -37,7 +37,7 @@ impl Example {
     /// Parses `--url`, connects and creates `<name>-<unique>` and its dead-letter topic.
     pub async fn setup(name: &'static str) -> Result<Example, Error> {
         let args = Args::parse();
-        let unique = convoy::bench::unique_suffix();
+        let unique = convoy::unique_suffix();
         let topic = format!("{name}-{unique}");
         let connection = convoy::connect(&args.url)
             .await?

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use convoy::bench::ConnectionBed;
+use crate::bed::ConnectionBed;
 use convoy::ConnectConfig;
 use convoy_testkit::probe::Latency;
 use convoy_testkit::scenario::{run as run_scenario, seed_retry, Load, Scenario};

@@ -148,6 +148,13 @@ pub struct ConsumeArgs {
     /// Do not print each message.
     #[arg(long)]
     pub quiet: bool,
+    /// Commit the watermarks at least this often (milliseconds).
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub commit_interval_ms: u64,
+    /// Each message takes this many milliseconds of (async) work before it is printed: to watch
+    /// lanes, back-pressure and drains at work.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub work_ms: u64,
 }
 
 /// `convoy dlq …`.

@@ -1,10 +1,12 @@
 //! `convoy consume`: the configured topics through lanes, with a handler that prints each
-//! message; stops on Ctrl-C or after `--max-messages`, draining and committing first.
+//! message on one line; stops on Ctrl-C or after `--max-messages`, draining and committing
+//! first. A second Ctrl-C aborts the drain: what is unfinished stays uncommitted and goes to
+//! the next consumer.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use convoy::{handler_fn, ConnectConfig, Delivery, Engine, EngineConfig, HandlerError, Transport};
+use convoy::{handler_fn, ConnectConfig, Delivery, Engine, EngineConfig, EngineReport, HandlerError};
 
 use crate::cli::ConsumeArgs;
 use crate::metrics_server;
@@ -13,27 +15,50 @@ use crate::settings::connect;
 /// Longest payload printed per message.
 const PREVIEW: usize = 120;
 
+/// The exit status after a second Ctrl-C aborted the drain (128 + SIGINT, as shells report it).
+const ABORTED: u8 = 130;
+
+/// `text` on one line: control characters (newlines, tabs, …) and backslashes escaped, so one
+/// message is always one output line and the line reads back unambiguously.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '\\' || c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult {
     let connection = connect(config).await?;
     if connection.endpoint().topics.is_empty() {
         return Err("name the topics to consume with --topic (or ?topics= in the URL)".into());
     }
+    if args.commit_interval_ms == 0 {
+        return Err("--commit-interval-ms must be > 0".into());
+    }
     // The recorder must be in place before the engine registers its metric handles.
-    let _server = match args.metrics_addr {
-        Some(addr) => Some(metrics_server::serve(addr).await?),
-        None => None,
-    };
-    let quiet = args.quiet;
+    if let Some(addr) = args.metrics_addr {
+        metrics_server::serve(addr)?;
+    }
+    let (quiet, work) = (args.quiet, Duration::from_millis(args.work_ms));
     let handler = handler_fn(move |d: Delivery| async move {
+        if !work.is_zero() {
+            tokio::time::sleep(work).await;
+        }
         if !quiet {
             let payload = String::from_utf8_lossy(d.payload());
             let preview: String = payload.chars().take(PREVIEW).collect();
             println!(
-                "{}@{} key={} attempt={} {preview}",
+                "{}@{} key={} attempt={} {}",
                 d.source(),
                 d.offset(),
-                d.message().key_display(),
-                d.attempt()
+                one_line(&d.message().key_display()),
+                d.attempt(),
+                one_line(&preview)
             );
         }
         Ok::<(), HandlerError>(())
@@ -41,19 +66,18 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
     let engine = Engine::builder(handler)
         .config(EngineConfig {
             group: connection.endpoint().group.clone(),
+            commit_interval: Duration::from_millis(args.commit_interval_ms),
             ..EngineConfig::default()
         })
         .dead_letter_sink(connection.dead_letter_sink().map_err(|e| e.to_string())?)
         .build()
         .map_err(|e| e.to_string())?;
-    let subscription = connection.subscribe().await.map_err(|e| e.to_string())?;
-    let running = engine.spawn(subscription);
+    let running = engine.start(&connection).await.map_err(|e| e.to_string())?;
+    let stopper = running.stopper();
     let finished = |s: &convoy::StatsSnapshot| s.handled + s.dead_lettered + s.duplicates;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     loop {
         tokio::select! {
-            _ = &mut ctrl_c => break,
+            _ = tokio::signal::ctrl_c() => break,
             _ = tokio::time::sleep(Duration::from_millis(20)) => {
                 let done = args.max_messages.is_some_and(|max| finished(&running.stats()) >= max);
                 if done || running.is_finished() {
@@ -62,15 +86,48 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
             }
         }
     }
-    let report = running.stop().await.map_err(|e| e.to_string())?;
+    stopper.shutdown();
+    if !running.is_finished() {
+        eprintln!("stopping: draining the messages in flight (Ctrl-C again to abort the drain)");
+    }
+    let join = running.join();
+    tokio::pin!(join);
+    let mut aborted = false;
+    let report = loop {
+        tokio::select! {
+            report = &mut join => break report.map_err(|e| e.to_string())?,
+            _ = tokio::signal::ctrl_c(), if !aborted => {
+                aborted = true;
+                eprintln!("second Ctrl-C: aborting the drain");
+                stopper.shutdown();
+            }
+        }
+    };
+    summarize(&report);
+    Ok(if aborted {
+        ExitCode::from(ABORTED)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn summarize(report: &EngineReport) {
     let s = report.stats;
     let committed: Vec<String> = report
         .committed
         .iter()
         .map(|(source, watermark)| format!("{source}={watermark}"))
         .collect();
+    let cancelled = if report.cancelled > 0 {
+        format!(
+            ", {} cancelled unfinished (uncommitted: the next consumer handles them)",
+            report.cancelled
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "stopped: {} handled, {} dead-lettered, {} duplicates skipped, {} retries; committed watermarks: {}",
+        "stopped: {} handled, {} dead-lettered, {} duplicates skipped, {} retries{cancelled}; committed watermarks: {}",
         s.handled,
         s.dead_lettered,
         s.duplicates,
@@ -81,5 +138,17 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
             committed.join(", ")
         }
     );
-    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_message_is_one_line() {
+        assert_eq!(one_line("a\nb\r\tc"), "a\\nb\\r\\tc");
+        assert_eq!(one_line("back\\slash"), "back\\\\slash");
+        assert_eq!(one_line("héllo ✓"), "héllo ✓", "printable text is left alone");
+        assert!(!one_line("x\u{1b}[31m").contains('\u{1b}'));
+    }
 }

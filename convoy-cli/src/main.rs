@@ -1,6 +1,7 @@
 //! The `convoy` command. Each subcommand lives in its own module; errors end the program with
 //! one line on stderr.
 
+mod bed;
 mod bench;
 mod cli;
 mod consume;

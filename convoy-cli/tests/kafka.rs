@@ -1,6 +1,6 @@
 //! The `convoy` binary against the Kafka-protocol broker named by `CONVOY_KAFKA_BOOTSTRAP`
-//! (scripts/test starts Tansu and sets it): dead-letter replay end to end, the benchmark, and
-//! consume with Prometheus metrics.
+//! (scripts/test starts Tansu and sets it): dead-letter replay end to end, the benchmark,
+//! consume with Prometheus metrics, escaped output lines and a drain aborted by a second Ctrl-C.
 
 #![allow(clippy::unwrap_used)]
 
@@ -184,6 +184,14 @@ fn bench_runs_the_seed_scenario_on_kafka() {
     assert!(report["baseline_throughput_msg_s"].as_f64().unwrap() > 0.0);
 }
 
+fn handled_total(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("convoy_handled_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 fn scrape(addr: &str) -> String {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
@@ -246,7 +254,16 @@ fn consume_prints_lanes_and_serves_prometheus_metrics() {
     for seqs in per_key.values() {
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "per-key order: {seqs:?}");
     }
-    let metrics = scrape(&addr);
+    // The handler prints before the engine counts the message as handled: wait for the count
+    // instead of assuming which of the two happened first.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let metrics = loop {
+        let metrics = scrape(&addr);
+        if handled_total(&metrics) >= 200.0 || Instant::now() >= deadline {
+            break metrics;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
     for name in [
         "convoy_handled_total",
@@ -256,12 +273,7 @@ fn consume_prints_lanes_and_serves_prometheus_metrics() {
     ] {
         assert!(metrics.contains(name), "{name} missing:\n{metrics}");
     }
-    let handled: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("convoy_handled_total"))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum();
-    assert_eq!(handled, 200.0);
+    assert_eq!(handled_total(&metrics), 200.0);
     // Ctrl-C: drain, commit, leave, report.
     Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -273,6 +285,101 @@ fn consume_prints_lanes_and_serves_prometheus_metrics() {
     std::mem::forget(guard); // exited and reaped: its pid may be reused
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("stopped: 200 handled"), "{stderr}");
+}
+
+fn interrupt(child: &std::process::Child) {
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+}
+
+fn gauge(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A second Ctrl-C aborts a drain that would otherwise wait for its timeout (30 s) behind
+/// messages taking a minute; and one message is one output line whatever its payload holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_aborts_the_drain_and_payloads_print_on_one_line() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("consume-abort");
+    let url = url(&bootstrap, &unique("consume-abort-group"), &topic);
+    let connection = convoy::connect(&url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let publisher = connection.publisher(&topic).unwrap();
+    for (key, payload) in [("k1", "line one\nstill one"), ("k2", "tab\there")] {
+        publisher
+            .publish(OutgoingMessage::new(key, payload))
+            .await
+            .unwrap();
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    // Every message takes a minute: the drain can only end by its timeout, or a second Ctrl-C.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args([
+            "--url",
+            &url,
+            "consume",
+            "--work-ms",
+            "60000",
+            "--metrics-addr",
+            &addr,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(child.id());
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Both messages are in their handlers once the engine holds two.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(&addr).is_err() || gauge(&scrape(&addr), "convoy_in_flight") < 2.0 {
+        assert!(Instant::now() < deadline, "the consumer never took both messages");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    interrupt(&child);
+    let mut seen = Vec::new();
+    for line in stderr.by_ref() {
+        let line = line.unwrap();
+        let draining = line.contains("stopping: draining");
+        seen.push(line);
+        if draining {
+            break;
+        }
+    }
+    interrupt(&child);
+    let status = child.wait().unwrap();
+    let rest: Vec<String> = stderr.map_while(Result::ok).collect();
+    std::mem::forget(guard); // exited and reaped: its pid may be reused
+    let all = [seen, rest].concat().join("\n");
+    assert_eq!(status.code(), Some(130), "{all}");
+    assert!(all.contains("second Ctrl-C: aborting the drain"), "{all}");
+    assert!(all.contains("2 cancelled unfinished"), "{all}");
+
+    // Never finished, so never committed: consumed again, each on one line, escaped.
+    let output = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["--url", &url, "consume", "--max-messages", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].ends_with("key=k1 attempt=1 line one\\nstill one"),
+        "{stdout}"
+    );
+    assert!(lines[1].ends_with("key=k2 attempt=1 tab\\there"), "{stdout}");
 }
 
 /// Kills the consumer if an assertion fails first, so no process outlives the test.

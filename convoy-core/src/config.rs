@@ -57,21 +57,40 @@ pub enum KeylessPolicy {
     DeadLetter,
 }
 
-/// Bounds on messages held (buffered in lanes + in flight), with hysteresis.
+/// Bounds on what the engine holds, each with hysteresis: over a high-water mark the engine
+/// pauses fetching (per source, or every source for a total); it resumes once the count falls
+/// to the low-water mark. Nothing is dropped: what the transport had already fetched still
+/// arrives and is kept.
 ///
-/// Over a high-water mark the engine pauses fetching (per source, or every source for the
-/// total); it resumes once the count falls to the low-water mark. Nothing is dropped: at most
-/// one fetched batch per source may arrive after the pause.
+/// - *Held* messages are buffered in lanes or in flight: they bound the engine's memory, in
+///   messages per source and in total, and in bytes (keys, payloads, header values) in total,
+///   so memory follows this configuration whatever the payload size.
+/// - The *window* of a source is every offset received from its lowest unfinished one to the
+///   newest, finished or not: what the watermark tracker remembers and what a restart would
+///   replay. One key blocked at the head of a busy source (a hung handler, a lane blocked by
+///   `OnExhausted::BlockLane`) keeps its window growing while few messages are held; at
+///   `window_high` the source stops fetching and **waits for its head** — its other keys wait
+///   too — until the head finishes (or the stuck-gap timeout dead-letters it). Raise it to let
+///   other keys run further ahead of a stuck one, at the price of memory and of replay after a
+///   crash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackPressure {
     /// Pause a source when it holds this many messages.
     pub source_high: usize,
     /// Resume it at this many.
     pub source_low: usize,
-    /// Pause every source when the engine holds this many in total.
+    /// Pause every source when the engine holds this many messages in total.
     pub total_high: usize,
     /// Resume at this many.
     pub total_low: usize,
+    /// Pause every source when the messages held weigh this many bytes in total.
+    pub total_bytes_high: usize,
+    /// Resume at this many bytes.
+    pub total_bytes_low: usize,
+    /// Pause a source when its watermark window spans this many received offsets.
+    pub window_high: usize,
+    /// Resume it at this many.
+    pub window_low: usize,
 }
 
 impl Default for BackPressure {
@@ -81,7 +100,42 @@ impl Default for BackPressure {
             source_low: 2_000,
             total_high: 16_000,
             total_low: 8_000,
+            total_bytes_high: 64 << 20,
+            total_bytes_low: 32 << 20,
+            window_high: 20_000,
+            window_low: 10_000,
         }
+    }
+}
+
+impl BackPressure {
+    /// What a transport may buffer ahead of the engine: as much again as the engine holds at
+    /// most, so the client's buffers follow the same configuration.
+    pub fn prefetch_limit(&self) -> crate::transport::PrefetchLimit {
+        crate::transport::PrefetchLimit {
+            messages: self.total_high,
+            bytes: self.total_bytes_high,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let marks = [
+            ("source", self.source_low, self.source_high),
+            ("total", self.total_low, self.total_high),
+            ("total_bytes", self.total_bytes_low, self.total_bytes_high),
+            ("window", self.window_low, self.window_high),
+        ];
+        for (name, low, high) in marks {
+            if high == 0 || low >= high {
+                return Err(ConfigError::invalid(
+                    format!("back_pressure.{name}_low"),
+                    format!(
+                        "need 0 ≤ {name}_low < {name}_high with {name}_high ≥ 1, got low {low} high {high}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -100,6 +154,9 @@ pub struct EngineConfig {
     pub dead_letter_backoff: Backoff,
     /// Commit watermarks at least this often while there is progress.
     pub commit_interval: Duration,
+    /// A commit not confirmed within this long counts as failed (and is retried later).
+    /// Commits never block the engine: one runs at a time, beside message intake.
+    pub commit_timeout: Duration,
     /// ... and also after this many finished messages.
     pub commit_every: usize,
     /// How long a revoke or a shutdown waits for in-flight messages before cancelling them.
@@ -113,6 +170,10 @@ pub struct EngineConfig {
     pub keyless: KeylessPolicy,
     /// Dead-letter (cause `malformed`) payloads larger than this, unhandled; `None`: no limit.
     pub max_payload_bytes: Option<usize>,
+    /// At most this many handler calls run at once, over all lanes (a downstream service sees
+    /// no more concurrent requests than this); `None`: one per active lane. Independent of
+    /// back-pressure, which bounds what is held, not what runs.
+    pub max_in_flight: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -128,12 +189,14 @@ impl Default for EngineConfig {
                 jitter: Jitter::Equal,
             },
             commit_interval: Duration::from_millis(500),
+            commit_timeout: Duration::from_secs(10),
             commit_every: 10_000,
             drain_timeout: Duration::from_secs(30),
             stuck_timeout: None,
             back_pressure: BackPressure::default(),
             keyless: KeylessPolicy::PerSource,
             max_payload_bytes: None,
+            max_in_flight: Some(1_024),
         }
     }
 }
@@ -164,34 +227,54 @@ impl EngineConfig {
                 "must be > 0, or None to disable the check",
             ));
         }
-        let bp = &self.back_pressure;
-        if bp.source_high == 0 || bp.source_low >= bp.source_high {
+        if self.commit_timeout.is_zero() {
+            return Err(ConfigError::invalid("commit_timeout", "must be > 0"));
+        }
+        if self.drain_timeout.is_zero() {
             return Err(ConfigError::invalid(
-                "back_pressure.source_low",
-                format!(
-                    "need 0 ≤ source_low < source_high with source_high ≥ 1, got low {} high {}",
-                    bp.source_low, bp.source_high
-                ),
+                "drain_timeout",
+                "must be > 0 (a revoke or shutdown would cancel every message in flight at once)",
             ));
         }
-        if bp.total_high == 0 || bp.total_low >= bp.total_high {
+        if self.max_in_flight == Some(0) {
             return Err(ConfigError::invalid(
-                "back_pressure.total_low",
+                "max_in_flight",
+                "must be ≥ 1, or None for one handler call per active lane",
+            ));
+        }
+        self.back_pressure.validate()
+    }
+
+    /// Checks the drain timeout against the transport's revoke timeout: a revoke must be able
+    /// to drain for the whole drain timeout and still commit before the transport gives up.
+    pub fn validate_for_revoke_timeout(&self, revoke_timeout: Duration) -> Result<(), ConfigError> {
+        if self.drain_timeout >= revoke_timeout {
+            return Err(ConfigError::invalid(
+                "drain_timeout",
                 format!(
-                    "need 0 ≤ total_low < total_high with total_high ≥ 1, got low {} high {}",
-                    bp.total_low, bp.total_high
+                    "must be shorter than the transport's revoke timeout ({revoke_timeout:?}), got {:?}: \
+                     lower drain_timeout or raise the transport's revoke timeout",
+                    self.drain_timeout
                 ),
             ));
         }
         Ok(())
     }
 
-    /// The shard count after resolving 0 to four per CPU.
+    /// The shard count after resolving 0 to four per CPU, never more than `max_in_flight`
+    /// (each shard runs at least one handler call at a time).
     pub fn effective_shards(&self) -> usize {
-        match self.shards {
+        let shards = match self.shards {
             0 => 4 * std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
-        }
+        };
+        self.max_in_flight.map_or(shards, |max| shards.min(max))
+    }
+
+    /// Shard `index`'s share of `max_in_flight` (the shares add up to it exactly).
+    pub(crate) fn shard_in_flight(&self, index: usize, shards: usize) -> Option<usize> {
+        self.max_in_flight
+            .map(|max| max / shards + usize::from(index < max % shards))
     }
 }
 
@@ -215,6 +298,9 @@ mod tests {
         c.back_pressure.source_low = c.back_pressure.source_high;
         assert_eq!(c.validate().unwrap_err().field(), "back_pressure.source_low");
         c.back_pressure = BackPressure::default();
+        c.back_pressure.window_high = 0;
+        assert_eq!(c.validate().unwrap_err().field(), "back_pressure.window_low");
+        c.back_pressure = BackPressure::default();
         c.commit_every = 0;
         assert_eq!(c.validate().unwrap_err().field(), "commit_every");
         c.commit_every = 1;
@@ -222,5 +308,42 @@ mod tests {
         let err = c.validate().unwrap_err();
         assert_eq!(err.field(), "stuck_timeout");
         assert!(err.to_string().contains("stuck_timeout"));
+        c.stuck_timeout = None;
+        c.max_in_flight = Some(0);
+        assert_eq!(c.validate().unwrap_err().field(), "max_in_flight");
+    }
+
+    #[test]
+    fn drain_timeout_must_be_shorter_than_the_revoke_timeout() {
+        let c = EngineConfig {
+            drain_timeout: Duration::from_secs(90),
+            ..EngineConfig::default()
+        };
+        let err = c
+            .validate_for_revoke_timeout(Duration::from_secs(60))
+            .unwrap_err();
+        assert_eq!(err.field(), "drain_timeout");
+        assert!(err.to_string().contains("revoke timeout"), "{err}");
+        assert!(EngineConfig::default()
+            .validate_for_revoke_timeout(Duration::from_secs(60))
+            .is_ok());
+    }
+
+    #[test]
+    fn in_flight_shares_add_up_and_shards_never_exceed_the_limit() {
+        let c = EngineConfig {
+            shards: 8,
+            max_in_flight: Some(13),
+            ..EngineConfig::default()
+        };
+        let shares: Vec<usize> = (0..8).map(|i| c.shard_in_flight(i, 8).unwrap()).collect();
+        assert_eq!(shares.iter().sum::<usize>(), 13);
+        assert!(shares.iter().all(|&s| s >= 1));
+        let few = EngineConfig {
+            shards: 8,
+            max_in_flight: Some(3),
+            ..EngineConfig::default()
+        };
+        assert_eq!(few.effective_shards(), 3);
     }
 }

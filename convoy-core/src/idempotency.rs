@@ -9,6 +9,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use crate::message::EventId;
 
@@ -87,6 +88,12 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     }
 
     async fn insert(&self, id: EventId) {
+        // Own just the id's bytes: a header value is usually a slice of the whole received
+        // record, which the store would otherwise keep alive for as long as it remembers the id.
+        let id = match id {
+            EventId::Header(bytes) => EventId::Header(Bytes::copy_from_slice(&bytes)),
+            position => position,
+        };
         let mut s = self.stripe(&id);
         if s.ids.insert(id.clone()) {
             s.order.push_back(id);
@@ -101,8 +108,6 @@ impl IdempotencyStore for MemoryIdempotencyStore {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
     use crate::message::SourceId;
 
@@ -125,5 +130,26 @@ mod tests {
         );
         let held: usize = store.stripes.iter().map(|s| s.lock().unwrap().ids.len()).sum();
         assert!(held <= STRIPES * 2);
+    }
+
+    #[tokio::test]
+    async fn keeps_only_the_id_bytes_never_the_record_they_were_sliced_from() {
+        let store = MemoryIdempotencyStore::new(100);
+        // A received record: key, a 64 KiB payload and the event id header in one buffer.
+        let mut record = vec![0u8; 64 << 10];
+        record.extend_from_slice(b"evt-1");
+        let record = Bytes::from(record);
+        let id = record.slice(64 << 10..);
+        store.insert(EventId::Header(id)).await;
+        assert!(
+            store
+                .contains(&EventId::Header(Bytes::from_static(b"evt-1")))
+                .await
+        );
+        // The store holds no reference into the record: the caller's handle is the only one.
+        assert!(
+            record.try_into_mut().is_ok(),
+            "the store pins the whole 64 KiB record for a 5-byte id"
+        );
     }
 }

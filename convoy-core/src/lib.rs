@@ -6,6 +6,7 @@
 //!
 //! The data path, by module:
 //! - [`message`]: keys, payloads, headers, sources, offsets, event ids;
+//! - [`partitioner`]: key → partition, the same (Kafka's murmur2) for every broker;
 //! - [`transport`]: the contract adapters implement (subscription events, pause/resume,
 //!   commit, publisher);
 //! - [`engine`]: intake → shards → lanes → handler, with completions feeding the watermark;
@@ -27,6 +28,7 @@ pub mod handler;
 pub mod idempotency;
 pub mod message;
 pub mod metrics;
+pub mod partitioner;
 pub mod retry;
 pub mod trace_context;
 pub mod transport;
@@ -35,14 +37,14 @@ pub mod watermark;
 
 pub use config::{BackPressure, ConfigError, EngineConfig, KeylessPolicy};
 pub use dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
-pub use engine::{Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, StatsSnapshot};
+pub use engine::{Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, StatsSnapshot, Stopper};
 pub use handler::{handler_fn, Delivery, ErrorClass, Handler, HandlerError};
 pub use idempotency::{IdempotencyStore, MemoryIdempotencyStore};
 pub use message::{EventId, Headers, Message, Offset, OutgoingMessage, SourceId, EVENT_ID_HEADER};
 pub use retry::{Backoff, Jitter, OnExhausted, RetryPolicy};
 pub use trace_context::TraceContext;
 pub use transport::{
-    Assignment, Commit, Publisher, Receipt, RevokeAck, SourceControl, SourceEvent, Subscription, Transport,
-    TransportError,
+    event_channel, Assignment, Commit, EventReceiver, EventSender, PrefetchLimit, Publisher, Receipt,
+    RevokeAck, SourceControl, SourceEvent, Subscription, Transport, TransportError,
 };
 pub use typed::{typed, Codec, Json};

@@ -120,6 +120,20 @@ impl Message {
         }
     }
 
+    /// The key that orders this message: its key, unless it has none or an empty one. Some
+    /// producers send `""` for "no key"; treating it as a key would make one lane of every such
+    /// message across all sources, so it follows the keyless policy instead.
+    pub fn ordering_key(&self) -> Option<&Bytes> {
+        self.key.as_ref().filter(|k| !k.is_empty())
+    }
+
+    /// What the message weighs in memory for back-pressure: key, payload, header names and
+    /// values.
+    pub fn weight(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+        self.key.as_ref().map_or(0, Bytes::len) + self.payload.len() + headers
+    }
+
     /// The key as lossy UTF-8, for logs and spans.
     pub fn key_display(&self) -> std::borrow::Cow<'_, str> {
         match &self.key {
@@ -206,6 +220,22 @@ mod tests {
         assert_eq!(m.event_id().to_string(), "t/0@7");
         m.headers.insert(EVENT_ID_HEADER, "evt-1");
         assert_eq!(m.event_id(), EventId::Header(Bytes::from_static(b"evt-1")));
+    }
+
+    #[test]
+    fn an_empty_key_orders_like_no_key() {
+        let mut m = Message {
+            key: Some(Bytes::new()),
+            payload: Bytes::from_static(b"12345"),
+            headers: [("h", "ab")].into_iter().collect(),
+            source: SourceId::new("t/0"),
+            offset: 0,
+        };
+        assert_eq!(m.ordering_key(), None);
+        assert_eq!(m.weight(), 5 + 3);
+        m.key = Some(Bytes::from_static(b"k"));
+        assert_eq!(m.ordering_key().map(|k| &k[..]), Some(&b"k"[..]));
+        assert_eq!(m.weight(), 1 + 5 + 3);
     }
 
     #[test]

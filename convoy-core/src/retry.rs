@@ -48,11 +48,8 @@ impl Backoff {
     pub fn ceiling(&self, retry: u32) -> Duration {
         let exp = self.factor.powi(retry.saturating_sub(1).min(1_000) as i32);
         let secs = (self.base.as_secs_f64() * exp).min(self.cap.as_secs_f64());
-        if secs.is_finite() {
-            Duration::from_secs_f64(secs.max(0.0))
-        } else {
-            self.cap
-        }
+        // Checked: a cap near `Duration::MAX` does not survive the round trip through f64.
+        Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(self.cap)
     }
 
     /// The delay before retry number `retry` (1-based), jittered with `rng`.
@@ -60,10 +57,10 @@ impl Backoff {
         let ceiling = self.ceiling(retry);
         match self.jitter {
             Jitter::None => ceiling,
-            Jitter::Full => ceiling.mul_f64(rng.f64()),
+            Jitter::Full => scale(ceiling, rng.f64()),
             Jitter::Equal => {
                 let half = ceiling / 2;
-                half + half.mul_f64(rng.f64())
+                half.saturating_add(scale(half, rng.f64()))
             }
         }
     }
@@ -83,6 +80,11 @@ impl Backoff {
         }
         Ok(())
     }
+}
+
+/// `d * fraction` for a fraction in `[0, 1)`, never panicking near `Duration::MAX`.
+fn scale(d: Duration, fraction: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * fraction).map_or(d, |scaled| scaled.min(d))
 }
 
 /// What a lane does when a message's retries are exhausted.
@@ -130,7 +132,7 @@ impl RetryPolicy {
         self.max_attempts.is_some_and(|max| attempts >= max)
             || self
                 .max_elapsed
-                .is_some_and(|max| since_first_failure + next_delay > max)
+                .is_some_and(|max| since_first_failure.saturating_add(next_delay) > max)
     }
 
     pub(crate) fn validate(&self, field: &str) -> Result<(), ConfigError> {
@@ -207,6 +209,23 @@ mod tests {
             ..RetryPolicy::default()
         };
         assert!(!unlimited.exhausted(1_000_000, Duration::from_secs(3600), Duration::ZERO));
+        // A handler asking to retry after `Duration::MAX` with a time budget: no overflow.
+        assert!(p.exhausted(1, Duration::from_millis(1), Duration::MAX));
+    }
+
+    #[test]
+    fn huge_caps_do_not_overflow() {
+        let b = Backoff {
+            base: Duration::from_secs(1),
+            factor: 10.0,
+            cap: Duration::MAX,
+            jitter: Jitter::Equal,
+        };
+        let mut rng = fastrand::Rng::with_seed(3);
+        for retry in [1, 10, 30, 1_000, u32::MAX] {
+            let ceiling = b.ceiling(retry);
+            assert!(b.delay(retry, &mut rng) <= ceiling);
+        }
     }
 
     #[test]

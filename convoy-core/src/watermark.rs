@@ -26,11 +26,31 @@ pub struct OutOfOrder {
     pub last: Offset,
 }
 
+/// What finishing a message changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Nothing (a sequence number finished before, never received, or truncated away).
+    Nothing,
+    /// The message finished above an unfinished one: the finished set grew, the watermark
+    /// stayed.
+    Above,
+    /// The watermark moved.
+    Watermark,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entry {
+    Unfinished,
+    Finished,
+    /// Received, then truncated away by a position reset: never counts for the watermark.
+    Gone,
+}
+
 /// Tracks received and finished offsets of one source and yields the watermark.
 #[derive(Clone, Debug, Default)]
 pub struct WatermarkTracker {
-    /// Offsets from the lowest unfinished one to the newest received, with a finished flag.
-    window: VecDeque<(Offset, bool)>,
+    /// Offsets from the lowest unfinished one to the newest received, with their state.
+    window: VecDeque<(Offset, Entry)>,
     /// Sequence number of `window[0]`.
     head_seq: Seq,
     watermark: Option<Offset>,
@@ -57,28 +77,66 @@ impl WatermarkTracker {
         }
         self.last_received = Some(offset);
         let seq = self.head_seq + self.window.len() as Seq;
-        self.window.push_back((offset, false));
+        self.window.push_back((offset, Entry::Unfinished));
         Ok(seq)
     }
 
-    /// Marks a received message finished. Returns true when the watermark moved.
-    /// Finishing a sequence number twice, or one never received, changes nothing.
-    pub fn finish(&mut self, seq: Seq) -> bool {
+    /// Marks a received message finished.
+    /// Finishing a sequence number twice, one never received, or one truncated away changes
+    /// nothing.
+    pub fn finish(&mut self, seq: Seq) -> Progress {
         let Some(index) = seq.checked_sub(self.head_seq) else {
-            return false;
+            return Progress::Nothing;
         };
         match self.window.get_mut(index as usize) {
-            Some(entry) => entry.1 = true,
-            None => return false,
+            Some(entry) if entry.1 == Entry::Unfinished => entry.1 = Entry::Finished,
+            _ => return Progress::Nothing,
         }
+        if self.advance() {
+            Progress::Watermark
+        } else {
+            Progress::Above
+        }
+    }
+
+    /// Pops the finished (or truncated) prefix; true when the watermark moved.
+    fn advance(&mut self) -> bool {
         let mut moved = false;
-        while let Some(&(offset, true)) = self.window.front() {
+        while let Some(&(offset, state)) = self.window.front() {
+            match state {
+                Entry::Unfinished => break,
+                Entry::Finished => {
+                    self.watermark = Some(offset);
+                    moved = true;
+                }
+                Entry::Gone => {}
+            }
             self.window.pop_front();
             self.head_seq += 1;
-            self.watermark = Some(offset);
-            moved = true;
         }
         moved
+    }
+
+    /// A position reset: the source's log was truncated at `offset` and is delivered again
+    /// from there (Kafka after an unclean leader election). Offsets received at or above it are
+    /// forgotten (their completions change nothing), the watermark moves back below it if it
+    /// had passed it, and `offset` may be received again. Returns the sequence number of the
+    /// first forgotten message, if any was (later ones are forgotten too).
+    pub fn truncate(&mut self, offset: Offset) -> Option<Seq> {
+        let mut first_gone = None;
+        for (index, entry) in self.window.iter_mut().enumerate() {
+            if entry.0 >= offset {
+                first_gone.get_or_insert(self.head_seq + index as Seq);
+                entry.1 = Entry::Gone;
+            }
+        }
+        let below = offset.checked_sub(1);
+        if self.watermark.is_some_and(|w| w >= offset) {
+            self.watermark = below;
+        }
+        self.last_received = below;
+        self.advance();
+        first_gone
     }
 
     /// The highest offset W with every received offset ≤ W finished (or the initial
@@ -87,16 +145,28 @@ impl WatermarkTracker {
         self.watermark
     }
 
+    /// The position to commit: every offset below it is finished. The watermark plus one; before
+    /// anything finished, the lowest offset received (nothing below it was ever delivered).
+    pub fn next(&self) -> Option<Offset> {
+        match self.watermark {
+            Some(w) => Some(w + 1),
+            None => self.window.front().map(|&(offset, _)| offset),
+        }
+    }
+
     /// The lowest unfinished message: its sequence number and offset.
     pub fn lowest_unfinished(&self) -> Option<(Seq, Offset)> {
-        self.window.front().map(|&(offset, _)| (self.head_seq, offset))
+        self.window
+            .iter()
+            .position(|(_, state)| *state == Entry::Unfinished)
+            .map(|i| (self.head_seq + i as Seq, self.window[i].0))
     }
 
     /// Offsets above the watermark that are already finished (for commit metadata).
     pub fn finished_above(&self) -> Vec<Offset> {
         self.window
             .iter()
-            .filter(|(_, done)| *done)
+            .filter(|(_, state)| *state == Entry::Finished)
             .map(|(offset, _)| *offset)
             .collect()
     }
@@ -124,16 +194,22 @@ mod tests {
         let s100 = t.receive(100).unwrap();
         let s102 = t.receive(102).unwrap(); // 101 was a transaction marker: never received
         let s104 = t.receive(104).unwrap();
-        assert!(!t.finish(s104));
+        assert_eq!(t.finish(s104), Progress::Above);
         assert_eq!(
             t.watermark(),
             None,
             "104 done but 100 still running: commit nothing"
         );
-        assert!(t.finish(s100));
+        assert_eq!(
+            t.next(),
+            Some(100),
+            "below the first offset received nothing is ours"
+        );
+        assert_eq!(t.finish(s100), Progress::Watermark);
         assert_eq!(t.watermark(), Some(100));
+        assert_eq!(t.next(), Some(101));
         assert_eq!(t.finished_above(), vec![104]);
-        assert!(t.finish(s102));
+        assert_eq!(t.finish(s102), Progress::Watermark);
         assert_eq!(t.watermark(), Some(104));
         assert_eq!(t.window_len(), 0);
     }
@@ -144,10 +220,59 @@ mod tests {
         assert_eq!(t.watermark(), Some(41));
         assert_eq!(t.receive(41), Err(OutOfOrder { offset: 41, last: 41 }));
         let s = t.receive(42).unwrap();
-        assert!(!t.finish(s + 1), "unknown sequence numbers are ignored");
-        assert!(t.finish(s));
-        assert!(!t.finish(s), "finishing twice changes nothing");
+        assert_eq!(
+            t.finish(s + 1),
+            Progress::Nothing,
+            "unknown sequence numbers are ignored"
+        );
+        assert_eq!(t.finish(s), Progress::Watermark);
+        assert_eq!(t.finish(s), Progress::Nothing, "finishing twice changes nothing");
         assert_eq!(t.watermark(), Some(42));
+    }
+
+    #[test]
+    fn a_truncated_log_is_received_again_and_the_watermark_moves_back() {
+        let mut t = WatermarkTracker::new(Some(99));
+        let seqs: Vec<Seq> = (100..110).map(|o| t.receive(o).unwrap()).collect();
+        for &s in &seqs[..8] {
+            t.finish(s);
+        }
+        assert_eq!(t.watermark(), Some(107));
+        // The log was truncated at 105 and rewritten: 105.. are new messages. 105..107 had
+        // finished and left the window; 108 and 109 are forgotten.
+        assert_eq!(t.truncate(105), Some(seqs[8]));
+        assert_eq!(t.watermark(), Some(104), "the rewritten offsets are not finished");
+        assert_eq!(
+            t.finish(seqs[9]),
+            Progress::Nothing,
+            "a forgotten message finishing changes nothing"
+        );
+        let again: Vec<Seq> = (105..108).map(|o| t.receive(o).unwrap()).collect();
+        assert!(again[0] > seqs[9], "sequence numbers are never reused");
+        assert_eq!(t.finish(again[1]), Progress::Above);
+        assert_eq!(t.finished_above(), vec![106]);
+        assert_eq!(t.finish(again[0]), Progress::Watermark);
+        assert_eq!(t.watermark(), Some(106));
+        assert_eq!(t.lowest_unfinished(), Some((again[2], 107)));
+    }
+
+    #[test]
+    fn truncation_below_an_unfinished_head_keeps_the_head() {
+        let mut t = WatermarkTracker::new(None);
+        let a = t.receive(0).unwrap();
+        let b = t.receive(1).unwrap();
+        t.receive(2).unwrap();
+        t.finish(b);
+        assert_eq!(t.truncate(2), Some(2));
+        assert_eq!(t.lowest_unfinished(), Some((a, 0)));
+        assert_eq!(t.finish(a), Progress::Watermark);
+        assert_eq!(t.watermark(), Some(1));
+        assert_eq!(
+            t.window_len(),
+            0,
+            "the forgotten tail is dropped with the finished prefix"
+        );
+        assert!(t.receive(2).is_ok());
     }
 
     proptest! {
@@ -172,7 +297,7 @@ mod tests {
             fastrand::Rng::with_seed(order_seed).shuffle(&mut order);
             let mut finished = vec![false; offsets.len()];
             for i in order {
-                t.finish(seqs[i]);
+                prop_assert_ne!(t.finish(seqs[i]), Progress::Nothing);
                 finished[i] = true;
                 let prefix = finished.iter().take_while(|f| **f).count();
                 let expected = if prefix == 0 { start } else { Some(offsets[prefix - 1]) };

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use convoy_core::{
-    BackPressure, DeadLetterSink, Publisher, SourceEvent, Subscription, Transport, TransportError,
+    BackPressure, DeadLetterSink, PrefetchLimit, Publisher, SourceEvent, Subscription, Transport,
+    TransportError,
 };
 use convoy_kafka::{admin, baseline, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::probe::{unix_micros, Latency};
@@ -99,6 +100,7 @@ fn scenario(args: &Args) -> Scenario {
             source_low: high / 2,
             total_high: high * 4,
             total_low: high * 2,
+            ..BackPressure::default()
         };
     }
     s
@@ -171,10 +173,10 @@ impl ScenarioBed for KafkaBed {
         self.sink.clone()
     }
 
-    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
         KafkaTransport::new(self.config.clone())
             .map_err(|e| TransportError::Unavailable(e.to_string()))?
-            .subscribe()
+            .subscribe_with(limit)
             .await
     }
 
@@ -193,7 +195,10 @@ async fn transport_only(bed: &KafkaBed, scenario: &Scenario) -> Result<ScenarioR
     )
     .await
     .map_err(|e| e.to_string())?;
-    let mut sub = bed.subscribe().await.map_err(|e| e.to_string())?;
+    let mut sub = bed
+        .subscribe_with(scenario.back_pressure.prefetch_limit())
+        .await
+        .map_err(|e| e.to_string())?;
     let (mut seen, mut started, mut events) = (0u64, None, 0u64);
     while seen < scenario.messages {
         match sub.events.recv().await {

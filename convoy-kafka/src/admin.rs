@@ -41,7 +41,8 @@ pub async fn check_reachable(config: &KafkaConfig) -> Result<(), TransportError>
         })
 }
 
-/// Creates topics that do not exist yet (`(name, partitions)`); existing ones are left alone.
+/// Creates topics that do not exist yet (`(name, partitions)`) with the broker's default
+/// replication factor; existing ones are left alone.
 pub async fn create_topics(config: &KafkaConfig, topics: &[(&str, i32)]) -> Result<(), TransportError> {
     let admin: AdminClient<DefaultClientContext> = config
         .base()
@@ -49,7 +50,8 @@ pub async fn create_topics(config: &KafkaConfig, topics: &[(&str, i32)]) -> Resu
         .map_err(|e| TransportError::broker("creating a Kafka admin client", e))?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(1)))
+        // -1: the broker's `default.replication.factor` (KIP-464), not a single copy.
+        .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(-1)))
         .collect();
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin

@@ -32,8 +32,12 @@ impl Assignor {
     }
 }
 
-fn default_commit_interval_ms() -> u64 {
-    500
+fn default_revoke_timeout_ms() -> u64 {
+    60_000
+}
+
+fn default_offset_map_max_bytes() -> usize {
+    crate::offset_map::DEFAULT_MAX_METADATA
 }
 
 fn default_session_timeout_ms() -> u64 {
@@ -63,21 +67,64 @@ pub struct KafkaConfig {
     /// Partition assignor.
     #[serde(default)]
     pub assignor: Assignor,
-    /// How often the engine commits while there is progress (also on revoke and shutdown).
-    #[serde(default = "default_commit_interval_ms")]
-    pub commit_interval_ms: u64,
+    /// How long a revoke waits for the engine to drain and commit before the partitions are
+    /// released anyway (the revoke's deadline; the engine cancels their work before it). Must
+    /// be below `max.poll.interval.ms`, which bounds the whole rebalance, and above the
+    /// engine's drain timeout (checked when the engine starts).
+    #[serde(default = "default_revoke_timeout_ms")]
+    pub revoke_timeout_ms: u64,
+    /// Largest offset map (finished offsets above the watermark) put in commit metadata;
+    /// match the broker's `offset.metadata.max.bytes` (4096 by default); 0 turns it off.
+    #[serde(default = "default_offset_map_max_bytes")]
+    pub offset_map_max_bytes: usize,
     /// Extra librdkafka properties (TLS, SASL, tuning), passed through as given.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
 }
 
-/// Properties convoy sets itself; overriding them would break its guarantees.
-const RESERVED: [&str; 4] = [
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "group.id",
-    "bootstrap.servers",
+/// Properties convoy sets itself, and what to use instead: overriding them would break its
+/// guarantees, or be silently ignored.
+const RESERVED: [(&str, &str); 12] = [
+    (
+        "enable.auto.commit",
+        "auto commit must stay off: convoy commits the contiguous watermark",
+    ),
+    (
+        "enable.auto.offset.store",
+        "convoy stores the offsets it commits itself",
+    ),
+    ("group.id", "use group_id (URL parameter group)"),
+    ("bootstrap.servers", "use bootstrap_servers (the URL's address)"),
+    ("session.timeout.ms", "use session_timeout_ms"),
+    ("partition.assignment.strategy", "use assignor"),
+    (
+        "queued.min.messages",
+        "derived from the engine's back-pressure bounds (BackPressure::total_high)",
+    ),
+    (
+        "queued.max.messages.kbytes",
+        "derived from the engine's back-pressure bounds (BackPressure::total_bytes_high)",
+    ),
+    (
+        "fetch.message.max.bytes",
+        "derived from the engine's back-pressure bounds",
+    ),
+    (
+        "max.partition.fetch.bytes",
+        "derived from the engine's back-pressure bounds",
+    ),
+    (
+        "partitioner",
+        "convoy's producer always uses murmur2_random, so every client places a key alike",
+    ),
+    (
+        "enable.idempotence",
+        "convoy's producer is always idempotent (per-key order across retries)",
+    ),
 ];
+
+/// librdkafka's default `max.poll.interval.ms`: the group's rebalance timeout.
+const DEFAULT_MAX_POLL_INTERVAL_MS: u64 = 300_000;
 
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -89,7 +136,8 @@ impl fmt::Debug for KafkaConfig {
             .field("dlq_topic", &self.dlq_topic)
             .field("session_timeout_ms", &self.session_timeout_ms)
             .field("assignor", &self.assignor)
-            .field("commit_interval_ms", &self.commit_interval_ms)
+            .field("revoke_timeout_ms", &self.revoke_timeout_ms)
+            .field("offset_map_max_bytes", &self.offset_map_max_bytes)
             .field("properties", &properties)
             .finish()
     }
@@ -105,14 +153,16 @@ impl KafkaConfig {
             dlq_topic: None,
             session_timeout_ms: default_session_timeout_ms(),
             assignor: Assignor::default(),
-            commit_interval_ms: default_commit_interval_ms(),
+            revoke_timeout_ms: default_revoke_timeout_ms(),
+            offset_map_max_bytes: default_offset_map_max_bytes(),
             properties: BTreeMap::new(),
         }
     }
 
     /// Sets one field or librdkafka property by name, as a URL parameter gives it:
-    /// `session_timeout_ms`, `assignor`, `commit_interval_ms`, or any name with a dot (a
-    /// librdkafka property such as `security.protocol` or `fetch.wait.max.ms`).
+    /// `session_timeout_ms`, `assignor`, `revoke_timeout_ms`, `offset_map_max_bytes`, or any
+    /// name with a dot (a librdkafka property such as `security.protocol` or
+    /// `fetch.wait.max.ms`).
     pub fn apply_param(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
         let number = |field: &str| {
             value
@@ -121,7 +171,16 @@ impl KafkaConfig {
         };
         match name {
             "session_timeout_ms" => self.session_timeout_ms = number(name)?,
-            "commit_interval_ms" => self.commit_interval_ms = number(name)?,
+            "revoke_timeout_ms" => self.revoke_timeout_ms = number(name)?,
+            "offset_map_max_bytes" => {
+                self.offset_map_max_bytes = usize::try_from(number(name)?).unwrap_or(usize::MAX)
+            }
+            "commit_interval_ms" => {
+                return Err(ConfigError::invalid(
+                    name,
+                    "commits are the engine's: set EngineConfig::commit_interval (convoy consume --commit-interval-ms)",
+                ))
+            }
             "assignor" => {
                 self.assignor = match value {
                     "cooperative-sticky" => Assignor::CooperativeSticky,
@@ -141,8 +200,8 @@ impl KafkaConfig {
             other => {
                 return Err(ConfigError::invalid(
                     other,
-                    "unknown Kafka setting: use session_timeout_ms, assignor, commit_interval_ms, \
-                     or a librdkafka property (its name contains a dot)",
+                    "unknown Kafka setting: use session_timeout_ms, assignor, revoke_timeout_ms, \
+                     offset_map_max_bytes, or a librdkafka property (its name contains a dot)",
                 ))
             }
         }
@@ -199,16 +258,39 @@ impl KafkaConfig {
                 "must be between 1000 and 3600000",
             ));
         }
-        if self.commit_interval_ms == 0 {
-            return Err(ConfigError::invalid("commit_interval_ms", "must be > 0"));
-        }
-        if let Some(reserved) = self.properties.keys().find(|k| RESERVED.contains(&k.as_str())) {
+        if let Some((name, instead)) = RESERVED
+            .iter()
+            .find(|(name, _)| self.properties.contains_key(*name))
+        {
             return Err(ConfigError::invalid(
-                format!("properties.{reserved}"),
-                "is set by convoy (use the dedicated field, or leave it: auto commit must stay off)",
+                format!("properties.{name}"),
+                format!("is set by convoy: {instead}"),
+            ));
+        }
+        let max_poll = match self.properties.get("max.poll.interval.ms") {
+            Some(v) => v.parse::<u64>().map_err(|_| {
+                ConfigError::invalid(
+                    "properties.max.poll.interval.ms",
+                    format!("expected a number, got {v:?}"),
+                )
+            })?,
+            None => DEFAULT_MAX_POLL_INTERVAL_MS,
+        };
+        if self.revoke_timeout_ms < 1_000 || self.revoke_timeout_ms >= max_poll {
+            return Err(ConfigError::invalid(
+                "revoke_timeout_ms",
+                format!(
+                    "must be at least 1000 and below max.poll.interval.ms ({max_poll}), the group's rebalance timeout; got {}",
+                    self.revoke_timeout_ms
+                ),
             ));
         }
         Ok(())
+    }
+
+    /// How long a revoke waits for the engine.
+    pub fn revoke_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.revoke_timeout_ms)
     }
 
     /// The dead-letter topic in use.
@@ -228,7 +310,8 @@ impl KafkaConfig {
         c
     }
 
-    /// librdkafka settings for the consumer.
+    /// librdkafka settings for the consumer, with librdkafka's default prefetch (for tools
+    /// that read a topic, not for the engine's subscription: see [`Prefetch`]).
     pub fn consumer_config(&self) -> ClientConfig {
         let mut c = self.base();
         c.set("group.id", &self.group_id)
@@ -242,6 +325,24 @@ impl KafkaConfig {
         c
     }
 
+    /// librdkafka settings for the engine's consumer: every partition's prefetch bounded so
+    /// that all of them together stay within `prefetch`.
+    pub fn bounded_consumer_config(&self, prefetch: &Prefetch) -> ClientConfig {
+        let mut c = self.consumer_config();
+        c.set("queued.min.messages", prefetch.partition_messages.to_string())
+            .set(
+                "queued.max.messages.kbytes",
+                prefetch.partition_kbytes.to_string(),
+            )
+            .set("fetch.message.max.bytes", prefetch.fetch_bytes.to_string());
+        if !self.properties.contains_key("fetch.queue.backoff.ms") {
+            // A partition at its (now small) queue limit would otherwise wait a whole second
+            // before it is fetched again.
+            c.set("fetch.queue.backoff.ms", "10");
+        }
+        c
+    }
+
     /// librdkafka settings for the producer: idempotent, Java-compatible key partitioning.
     pub fn producer_config(&self) -> ClientConfig {
         let mut c = self.base();
@@ -251,6 +352,43 @@ impl KafkaConfig {
             c.set("linger.ms", "1");
         }
         c
+    }
+}
+
+/// librdkafka's prefetch per partition, derived from a total budget so that a consumer owning
+/// many partitions buffers no more than one owning few. With split partition queues librdkafka
+/// applies `queued.min.messages` and `queued.max.messages.kbytes` to *each* partition (64 MiB
+/// each by default: 3 GiB for 48 partitions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefetch {
+    /// `queued.min.messages` per partition.
+    pub partition_messages: usize,
+    /// `queued.max.messages.kbytes` per partition.
+    pub partition_kbytes: usize,
+    /// `fetch.message.max.bytes`: how much one fetch may add beyond a partition's limit.
+    pub fetch_bytes: usize,
+    /// Most messages per batch a partition thread hands the engine.
+    pub batch_messages: usize,
+    /// Most bytes per batch (the event channel holds a few batches: their size is bounded too).
+    pub batch_bytes: usize,
+}
+
+impl Prefetch {
+    /// Most messages a partition thread hands the engine at once.
+    pub const MAX_BATCH: usize = 500;
+
+    /// Divides `limit` over `partitions` partitions.
+    pub fn divide(limit: convoy_core::PrefetchLimit, partitions: usize) -> Self {
+        let partitions = partitions.max(1);
+        let partition_messages = (limit.messages / partitions).clamp(1, 10_000_000);
+        let partition_bytes = (limit.bytes / partitions).max(1024);
+        Prefetch {
+            partition_messages,
+            partition_kbytes: (partition_bytes / 1024).clamp(1, (i32::MAX / 1024) as usize),
+            fetch_bytes: partition_bytes.clamp(64 << 10, 1 << 20),
+            batch_messages: partition_messages.min(Self::MAX_BATCH),
+            batch_bytes: (limit.bytes / 64).max(64 << 10),
+        }
     }
 }
 
@@ -300,12 +438,37 @@ mod tests {
             (Box::new(|c| c.topics = vec!["bad topic".into()]), "topics"),
             (Box::new(|c| c.dlq_topic = Some("orders".into())), "dlq_topic"),
             (Box::new(|c| c.session_timeout_ms = 10), "session_timeout_ms"),
-            (Box::new(|c| c.commit_interval_ms = 0), "commit_interval_ms"),
             (
                 Box::new(|c| {
                     c.properties.insert("enable.auto.commit".into(), "true".into());
                 }),
                 "properties.enable.auto.commit",
+            ),
+            (
+                Box::new(|c| {
+                    c.properties.insert("session.timeout.ms".into(), "6000".into());
+                }),
+                "properties.session.timeout.ms",
+            ),
+            (
+                Box::new(|c| {
+                    c.properties
+                        .insert("partition.assignment.strategy".into(), "range".into());
+                }),
+                "properties.partition.assignment.strategy",
+            ),
+            (
+                Box::new(|c| {
+                    c.properties.insert("queued.min.messages".into(), "1".into());
+                }),
+                "properties.queued.min.messages",
+            ),
+            (Box::new(|c| c.revoke_timeout_ms = 300_000), "revoke_timeout_ms"),
+            (
+                Box::new(|c| {
+                    c.properties.insert("max.poll.interval.ms".into(), "30000".into());
+                }),
+                "revoke_timeout_ms",
             ),
         ];
         for (change, field) in cases {
@@ -313,6 +476,42 @@ mod tests {
             change(&mut c);
             assert_eq!(c.validate().unwrap_err().field(), field);
         }
+    }
+
+    #[test]
+    fn overridden_properties_say_what_to_use_instead() {
+        let mut c = valid();
+        c.properties.insert("session.timeout.ms".into(), "6000".into());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("session_timeout_ms"), "{err}");
+        let mut c = valid();
+        assert!(c
+            .apply_param("commit_interval_ms", "100")
+            .unwrap_err()
+            .to_string()
+            .contains("commit_interval"));
+        c.apply_param("revoke_timeout_ms", "20000").unwrap();
+        assert_eq!(c.revoke_timeout(), std::time::Duration::from_secs(20));
+    }
+
+    #[test]
+    fn prefetch_follows_the_budget_whatever_the_partition_count() {
+        let limit = convoy_core::PrefetchLimit {
+            messages: 16_000,
+            bytes: 64 << 20,
+        };
+        let eight = Prefetch::divide(limit, 8);
+        assert_eq!((eight.partition_messages, eight.partition_kbytes), (2_000, 8_192));
+        assert_eq!(eight.fetch_bytes, 1 << 20);
+        let many = Prefetch::divide(limit, 256);
+        assert_eq!((many.partition_messages, many.partition_kbytes), (62, 256));
+        assert_eq!(many.fetch_bytes, 256 << 10);
+        // All partitions together stay within the budget plus one fetch each.
+        let total = 256 * (many.partition_kbytes * 1024 + many.fetch_bytes);
+        assert!(total <= 2 * limit.bytes, "{total}");
+        let consumer = valid().bounded_consumer_config(&many);
+        assert_eq!(consumer.get("queued.max.messages.kbytes"), Some("256"));
+        assert_eq!(consumer.get("queued.min.messages"), Some("62"));
     }
 
     #[test]

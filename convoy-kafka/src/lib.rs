@@ -8,16 +8,18 @@
 //! - [`offset_map`]: finished offsets above the watermark in commit metadata;
 //! - [`admin`]: reachability, topic creation, reading a topic without a group;
 //! - [`baseline`]: the bare-consumer drain benchmarks compare against;
-//! - [`convert`]: records ↔ messages.
+//! - [`convert`]: records ↔ messages;
+//! - [`fatal`]: which Kafka errors end the engine instead of being retried.
 
 pub mod admin;
 pub mod baseline;
 pub mod config;
 pub mod consumer;
 pub mod convert;
+pub mod fatal;
 pub mod offset_map;
 pub mod producer;
 
-pub use config::{Assignor, KafkaConfig};
+pub use config::{Assignor, KafkaConfig, Prefetch};
 pub use consumer::KafkaTransport;
 pub use producer::{KafkaDeadLetterSink, KafkaPublisher};

@@ -11,10 +11,11 @@ use convoy_core::{
 };
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 
 use crate::config::KafkaConfig;
 use crate::convert::{source_id, to_kafka_headers};
+use crate::fatal;
 
 /// How long a send may wait for room in librdkafka's queue before failing.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -73,6 +74,15 @@ impl KafkaPublisher {
         record
     }
 
+    /// A send failure as the caller should see it: fatal when the producer can never send again
+    /// (e.g. its idempotence state is fenced), so the engine stops instead of retrying forever.
+    fn failure(&self, e: KafkaError) -> TransportError {
+        let context = format!("publishing to {}", self.topic);
+        fatal::client_fatal(self.producer.client(), &context)
+            .or_else(|| fatal::classify(&e, &context))
+            .unwrap_or_else(|| TransportError::broker(context, e))
+    }
+
     fn receipt(&self, partition: i32, offset: i64) -> Receipt {
         Receipt {
             source: source_id(&self.topic, partition),
@@ -96,9 +106,7 @@ impl KafkaPublisher {
                         record = back;
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
-                    Err((e, _)) => {
-                        return Err(TransportError::broker(format!("publishing to {}", self.topic), e))
-                    }
+                    Err((e, _)) => return Err(self.failure(e)),
                 }
             }
         }
@@ -106,9 +114,7 @@ impl KafkaPublisher {
         for delivery in pending {
             match delivery.await {
                 Ok(Ok(d)) => receipts.push(self.receipt(d.partition, d.offset)),
-                Ok(Err((e, _))) => {
-                    return Err(TransportError::broker(format!("publishing to {}", self.topic), e))
-                }
+                Ok(Err((e, _))) => return Err(self.failure(e)),
                 Err(_) => return Err(TransportError::Closed),
             }
         }

@@ -9,10 +9,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use convoy_core::partitioner::partition_for_key;
 use convoy_core::{handler_fn, Delivery, Engine, Transport};
 use convoy_kafka::convert::topic_partition;
 use convoy_kafka::{KafkaDeadLetterSink, KafkaTransport};
-use convoy_testkit::partitioner::partition_for_key;
 use convoy_testkit::probe::decode_seq;
 use convoy_testkit::OrderChecker;
 

@@ -72,7 +72,7 @@ async fn finished_offsets_above_the_watermark_reach_the_next_owner() {
         .control
         .commit(&[Commit {
             source: source.clone(),
-            watermark: 9,
+            next: 10,
             finished_above: finished_above.clone(),
         }])
         .await

@@ -116,7 +116,7 @@ pub fn test_config(group: &str) -> EngineConfig {
         retry,
         commit_interval: Duration::from_millis(20),
         commit_every: 100,
-        drain_timeout: Duration::from_secs(20),
+        drain_timeout: Duration::from_secs(8),
         ..EngineConfig::default()
     }
 }
@@ -535,6 +535,7 @@ pub async fn slow_handler_fast_producer_bounded_memory(target: &dyn ConformanceT
         source_low: 10,
         total_high: 40,
         total_low: 20,
+        ..BackPressure::default()
     };
     let consumer = start(
         bed.dead_letter_sink(),

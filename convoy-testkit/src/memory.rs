@@ -7,15 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use convoy_core::{
-    DeadLetterSink, Message, Offset, Publisher, SourceEvent, SourceId, Subscription, Transport,
+    DeadLetterSink, Message, Offset, PrefetchLimit, Publisher, SourceId, Subscription, Transport,
     TransportError,
 };
+use convoy_memory::baseline::bare_drain_rate;
+use convoy_memory::{MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
 
-use crate::broker::MemoryBroker;
 use crate::conformance::{Capabilities, ConformanceTarget, TestBed};
-use crate::probe::decode_seq;
 use crate::scenario::{Progress, Scenario, ScenarioBed, ScenarioReport};
-use crate::transport::{MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
 
 /// Largest batch the memory broker hands out per partition in conformance runs.
 const CONFORMANCE_BATCH: usize = 32;
@@ -90,52 +89,11 @@ impl MemoryBed {
     pub fn topic(&self) -> &str {
         &self.topic
     }
-}
 
-/// Drains `topic` with a bare member of a new group on `broker` and no engine: returns the
-/// messages read once `expected` arrived, or fewer if `limit` passed.
-pub async fn bare_drain(
-    broker: &MemoryBroker,
-    topic: &str,
-    expected: u64,
-    limit: Duration,
-    mut each: impl FnMut(&Message),
-) -> u64 {
-    static BARE: AtomicU64 = AtomicU64::new(0);
-    let group = format!("{topic}-bare-{}", BARE.fetch_add(1, Relaxed));
-    let Ok(mut sub) = MemoryTransport::new(broker, group, &[topic]).subscribe().await else {
-        return 0;
-    };
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut seen = 0u64;
-    while seen < expected {
-        match tokio::time::timeout_at(deadline, sub.events.recv()).await {
-            Ok(Some(SourceEvent::Messages { messages, .. })) => {
-                for m in &messages {
-                    each(m);
-                }
-                seen += messages.len() as u64;
-            }
-            Ok(Some(SourceEvent::Revoked { ack, .. })) => ack.done(),
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => break,
-        }
+    /// The broker the bed lives on.
+    pub fn broker(&self) -> &MemoryBroker {
+        &self.broker
     }
-    let _ = sub.control.close().await;
-    seen
-}
-
-/// The rate of [`bare_drain`], in messages per second, reading each probe's sequence number
-/// so the drain does the minimum a consumer does.
-pub async fn bare_drain_rate(broker: &MemoryBroker, topic: &str, expected: u64, limit: Duration) -> f64 {
-    let started = std::time::Instant::now();
-    let mut sum = 0u64;
-    let seen = bare_drain(broker, topic, expected, limit, |m| {
-        sum = sum.wrapping_add(decode_seq(&m.payload).unwrap_or(0));
-    })
-    .await;
-    std::hint::black_box(sum);
-    seen as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Runs a benchmark scenario on a fresh memory broker.
@@ -167,8 +125,8 @@ impl ScenarioBed for MemoryBed {
         self.sink.clone()
     }
 
-    async fn subscribe(&self) -> Result<Subscription, TransportError> {
-        self.transport.subscribe().await
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
+        self.transport.subscribe_with(limit).await
     }
 
     async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError> {
@@ -216,7 +174,7 @@ impl ConformanceTarget for MemoryTarget {
         Capabilities {
             // The batch that crossed the mark, the batches queued in the event channel, and the
             // one the fetch loop holds while waiting to send it.
-            max_prefetch: (crate::broker::EVENT_CAPACITY + 2) * CONFORMANCE_BATCH,
+            max_prefetch: (convoy_memory::broker::EVENT_CAPACITY + 2) * CONFORMANCE_BATCH,
         }
     }
 

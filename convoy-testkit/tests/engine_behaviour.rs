@@ -353,9 +353,14 @@ async fn commits_are_batched_by_count_and_by_timer() {
     let mut config = test_config(bed.group());
     config.commit_every = 50;
     config.commit_interval = Duration::from_secs(10);
+    // One message per millisecond, so completions (and count-triggered commits) spread out.
+    let plan = FaultPlan {
+        latency: convoy_testkit::Latency::Fixed(Duration::from_millis(1)),
+        ..FaultPlan::default()
+    };
     let engine = run(
         &bed,
-        ProbeHandler::new(checker.clone()),
+        ProbeHandler::with_faults(checker.clone(), plan),
         config,
         sink(&bed, &checker),
     )
@@ -470,7 +475,9 @@ async fn revoke_drain_timeout_cancels_and_leaves_the_message_uncommitted() {
 
 #[tokio::test(start_paused = true)]
 async fn a_second_shutdown_signal_aborts_the_drain() {
-    let (_, bed) = bed(1);
+    let (broker, bed) = bed(1);
+    // The drain may be long; the revoke deadline must stay above it.
+    broker.set_faults(|f| f.rebalance_timeout = Duration::from_secs(7200));
     let checker = Arc::new(OrderChecker::new());
     let mut plan = FaultPlan::default();
     let _never = plan.hold_key(probe_key("k", 0));
@@ -488,13 +495,26 @@ async fn a_second_shutdown_signal_aborts_the_drain() {
     .await;
     wait_until("the free key", || checker.finished() == 2).await;
     let started = Instant::now();
-    engine.shutdown();
+    // The handle is busy awaiting the stop; a stopper escalates it from elsewhere (as a second
+    // Ctrl-C does).
+    let stopper = engine.stopper();
+    let stopping = tokio::spawn(engine.stop());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(!engine.is_finished(), "the first signal waits for the drain");
-    engine.shutdown();
-    let report = engine.join().await.unwrap();
+    assert!(!stopping.is_finished(), "the first signal waits for the drain");
+    assert_eq!(stopper.requests(), 1);
+    stopper.shutdown();
+    let report = stopping.await.unwrap().unwrap();
     assert!(started.elapsed() < Duration::from_secs(2));
     assert_eq!(report.stats.handled, 2);
+    assert_eq!(
+        report.cancelled, 2,
+        "the held key's two messages were cancelled, not handled"
+    );
+    assert_eq!(
+        bed.committed().await.unwrap().values().copied().max(),
+        None,
+        "the held key's messages sit at the head of the only partition: nothing committed past them"
+    );
 }
 
 #[tokio::test(start_paused = true)]

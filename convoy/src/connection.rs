@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy_core::{DeadLetterSink, Message, Publisher, Subscription, Transport, TransportError};
+use convoy_core::{
+    DeadLetterSink, Message, PrefetchLimit, Publisher, Subscription, Transport, TransportError,
+};
 
 use crate::backend::{self, Backend};
 use crate::error::ConnectError;
@@ -103,7 +105,7 @@ impl Connection {
             #[cfg(feature = "memory")]
             Backend::Memory(broker) => {
                 backend::memory::ensure_topic(broker, topic, self.endpoint.partitions);
-                Ok(Arc::new(convoy_testkit::MemoryPublisher::new(broker, topic)))
+                Ok(Arc::new(convoy_memory::MemoryPublisher::new(broker, topic)))
             }
             #[cfg(feature = "kafka")]
             Backend::Kafka(config) => Ok(Arc::new(convoy_kafka::KafkaPublisher::new(config, topic)?)),
@@ -117,7 +119,7 @@ impl Connection {
             #[cfg(feature = "memory")]
             Backend::Memory(broker) => {
                 backend::memory::ensure_topic(broker, &topic, 1);
-                Ok(Arc::new(convoy_testkit::MemoryDeadLetterSink::new(broker, topic)))
+                Ok(Arc::new(convoy_memory::MemoryDeadLetterSink::new(broker, topic)))
             }
             #[cfg(feature = "kafka")]
             Backend::Kafka(config) => {
@@ -174,7 +176,7 @@ impl Connection {
         match &self.backend {
             #[cfg(feature = "memory")]
             Backend::Memory(broker) => {
-                Ok(convoy_testkit::memory::bare_drain_rate(broker, topic, expected, limit).await)
+                Ok(convoy_memory::baseline::bare_drain_rate(broker, topic, expected, limit).await)
             }
             #[cfg(feature = "kafka")]
             Backend::Kafka(config) => {
@@ -186,7 +188,7 @@ impl Connection {
 
     /// The embedded broker behind a `memory://` connection.
     #[cfg(feature = "memory")]
-    pub fn memory_broker(&self) -> Option<&convoy_testkit::MemoryBroker> {
+    pub fn memory_broker(&self) -> Option<&convoy_memory::MemoryBroker> {
         match &self.backend {
             Backend::Memory(broker) => Some(broker),
             #[cfg(feature = "kafka")]
@@ -199,6 +201,12 @@ impl Connection {
 impl Transport for Connection {
     /// Joins the group and consumes the configured topics.
     async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        self.subscribe_with(PrefetchLimit::default()).await
+    }
+
+    /// Joins the group and consumes the configured topics, the broker client prefetching at
+    /// most `limit` (what [`convoy_core::Engine::start`] derives from its back-pressure bounds).
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
         if self.endpoint.topics.is_empty() {
             return Err(no_topics());
         }
@@ -209,8 +217,8 @@ impl Transport for Connection {
                 for topic in &topics {
                     backend::memory::ensure_topic(broker, topic, self.endpoint.partitions);
                 }
-                convoy_testkit::MemoryTransport::new(broker, self.endpoint.group.as_str(), &topics)
-                    .subscribe()
+                convoy_memory::MemoryTransport::new(broker, self.endpoint.group.as_str(), &topics)
+                    .subscribe_with(limit)
                     .await
             }
             #[cfg(feature = "kafka")]
@@ -219,7 +227,7 @@ impl Transport for Connection {
                     .map_err(|e| TransportError::broker("configuring the Kafka consumer", e))?;
                 convoy_kafka::KafkaTransport::new(config)
                     .map_err(|e| TransportError::broker("configuring the Kafka consumer", e))?
-                    .subscribe()
+                    .subscribe_with(limit)
                     .await
             }
         }

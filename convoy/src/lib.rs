@@ -14,7 +14,7 @@
 //!     Ok::<(), HandlerError>(())
 //! });
 //! let engine = Engine::builder(handler).dead_letter_sink(connection.dead_letter_sink()?).build()?;
-//! let running = engine.spawn(connection.subscribe().await?);
+//! let running = engine.start(&connection).await?;
 //! running.stop().await?;
 //! # Ok(()) }
 //! ```
@@ -22,7 +22,7 @@
 //! - [`connect`] / [`ConnectConfig`]: URL, TOML file and `CONVOY_*` settings → a [`Connection`];
 //! - [`Connection`]: subscribe, publish, dead-letter sink, topics, baseline;
 //! - [`dlq`]: list dead letters with their reasons and replay selected ones;
-//! - [`bench`](mod@bench): benchmark scenarios on any connection;
+//! - [`unique_suffix`]: fresh topic and group names on a shared broker;
 //! - everything of `convoy-core` (engine, handlers, retry, dead letters, transport contract).
 //!
 //! Features: `memory` (the embedded broker, `memory://`) and `kafka` (`kafka://`), both default.
@@ -31,15 +31,16 @@
 compile_error!("enable at least one broker feature of `convoy`: `memory` or `kafka`");
 
 mod backend;
-pub mod bench;
 mod connection;
 pub mod dlq;
 mod error;
+mod names;
 pub mod settings;
 
 pub use connection::{connect, Connection};
 pub use convoy_core::*;
 pub use error::ConnectError;
+pub use names::unique_suffix;
 pub use settings::{ConnectConfig, Endpoint};
 
 #[cfg(feature = "memory")]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::{field, Instrument};
 
@@ -16,10 +17,11 @@ use super::stats::ShardStats;
 use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 use crate::handler::{Delivery, ErrorClass, Handler, HandlerError};
 use crate::idempotency::IdempotencyStore;
-use crate::message::Message;
+use crate::message::{EventId, Message};
 use crate::metrics::LaneMetrics;
 use crate::retry::{Backoff, OnExhausted, RetryPolicy};
 use crate::trace_context::TraceContext;
+use crate::transport::TransportError;
 
 /// Everything a lane needs, shared by all lanes of an engine. Its trait objects are called
 /// through an explicit deref (`(*ctx.handler).handle(…)`): method lookup would otherwise pick the
@@ -37,11 +39,13 @@ pub(crate) struct LaneContext {
 }
 
 /// How a message finished.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Outcome {
     Handled,
     Duplicate,
     DeadLettered,
+    /// Not finished, and never will be by this engine: the dead-letter sink failed fatally.
+    Fatal(TransportError),
 }
 
 /// A failed attempt, classified for the retry decision.
@@ -80,14 +84,24 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
 }
 
 /// Handles one message to its end: handled, skipped as a duplicate, or dead-lettered
-/// (confirmed by the sink). Never returns before one of those is true.
+/// (confirmed by the sink). Never returns before one of those is true, unless the sink fails
+/// fatally. Each attempt first takes one of `calls` (the shard's share of `max_in_flight`).
 pub(crate) async fn process(
     ctx: Arc<LaneContext>,
     stats: Arc<ShardStats>,
+    calls: Option<Arc<Semaphore>>,
     message: Arc<Message>,
+    check_duplicate: bool,
     received: Instant,
 ) -> Outcome {
-    let span = tracing::info_span!(
+    let lane = Lane {
+        ctx: &ctx,
+        stats: &stats,
+        calls: calls.as_deref(),
+        check_duplicate,
+    };
+    // DEBUG, not INFO: an application's usual INFO subscriber must not format a span per message.
+    let span = tracing::debug_span!(
         "convoy.message",
         key = %message.key_display(),
         source = %message.source,
@@ -98,114 +112,138 @@ pub(crate) async fn process(
     );
     if span.is_disabled() {
         // No subscriber wants it: skip entering and leaving a span on every poll.
-        return handle_to_the_end(&ctx, &stats, message, received, span).await;
+        return lane.handle_to_the_end(message, received, span).await;
     }
     if let Some(parent) = TraceContext::extract(&message.headers) {
         span.record("trace_id", parent.trace_id_hex());
         span.record("parent_span_id", parent.span_id_hex());
     }
-    handle_to_the_end(&ctx, &stats, message, received, span.clone())
+    lane.handle_to_the_end(message, received, span.clone())
         .instrument(span)
         .await
 }
 
-async fn handle_to_the_end(
-    ctx: &LaneContext,
-    stats: &ShardStats,
-    message: Arc<Message>,
-    received: Instant,
-    span: tracing::Span,
-) -> Outcome {
-    ctx.metrics.queue_time.record(received.elapsed().as_secs_f64());
-    let event_id = ctx.idempotency.as_ref().map(|_| message.event_id());
-    if let (Some(store), Some(id)) = (&ctx.idempotency, &event_id) {
-        if (**store).contains(id).await {
-            tracing::debug!(event_id = %id, "skipping duplicate");
-            stats.duplicates.fetch_add(1, Relaxed);
-            ctx.metrics.duplicates.increment(1);
-            return Outcome::Duplicate;
+/// One lane future's view of its shard.
+struct Lane<'a> {
+    ctx: &'a LaneContext,
+    stats: &'a ShardStats,
+    calls: Option<&'a Semaphore>,
+    check_duplicate: bool,
+}
+
+impl Lane<'_> {
+    async fn handle_to_the_end(
+        &self,
+        message: Arc<Message>,
+        received: Instant,
+        span: tracing::Span,
+    ) -> Outcome {
+        let (ctx, stats) = (self.ctx, self.stats);
+        ctx.metrics.queue_time.record(received.elapsed().as_secs_f64());
+        let event_id = ctx.idempotency.as_ref().map(|_| message.event_id());
+        let check = |id: &EventId| self.check_duplicate || matches!(id, EventId::Header(_));
+        if let (Some(store), Some(id)) = (&ctx.idempotency, &event_id) {
+            if check(id) && (**store).contains(id).await {
+                tracing::debug!(event_id = %id, "skipping duplicate");
+                stats.duplicates.fetch_add(1, Relaxed);
+                ctx.metrics.duplicates.increment(1);
+                return Outcome::Duplicate;
+            }
         }
+
+        if let Some(problem) = screen(ctx, &message) {
+            tracing::warn!(error = %problem, "dead-lettering malformed input unhandled");
+            let now = SystemTime::now();
+            let failure = Failure {
+                class: "malformed",
+                text: problem,
+                retryable: false,
+                cause: DeadLetterCause::Malformed,
+                retry_after: None,
+            };
+            let reason = reason(ctx, &failure, 0, now, now);
+            let outcome = dead_letter(ctx, stats, &message, reason, &mut fastrand::Rng::new()).await;
+            return self.remember(event_id, outcome).await;
+        }
+        let mut attempt = 1u32;
+        let mut first_failure: Option<(Instant, SystemTime)> = None;
+        let mut rng: Option<fastrand::Rng> = None;
+        let mut reported_exhausted = false;
+        let outcome = loop {
+            span.record("attempt", attempt);
+            let started = Instant::now();
+            let result = {
+                // A closed semaphore cannot happen (the shard owns it); run unlimited if it did.
+                let _call = match self.calls {
+                    Some(calls) => calls.acquire().await.ok(),
+                    None => None,
+                };
+                attempt_once(ctx, Delivery::received_at(message.clone(), attempt, received)).await
+            };
+            ctx.metrics
+                .handler_duration
+                .record(started.elapsed().as_secs_f64());
+            let failure = match result {
+                Ok(()) => {
+                    stats.handled.fetch_add(1, Relaxed);
+                    ctx.metrics.handled.increment(1);
+                    break Outcome::Handled;
+                }
+                Err(failure) => failure,
+            };
+            let now = (Instant::now(), SystemTime::now());
+            let first = *first_failure.get_or_insert(now);
+            if !failure.retryable {
+                tracing::warn!(error = %failure.text, class = failure.class, attempt, "dead-lettering");
+                let reason = reason(ctx, &failure, attempt, first.1, now.1);
+                break dead_letter(
+                    ctx,
+                    stats,
+                    &message,
+                    reason,
+                    rng.get_or_insert_with(fastrand::Rng::new),
+                )
+                .await;
+            }
+            let rng = rng.get_or_insert_with(fastrand::Rng::new);
+            let delay = failure
+                .retry_after
+                .unwrap_or_else(|| ctx.retry.backoff.delay(attempt, rng));
+            if ctx.retry.exhausted(attempt, now.0 - first.0, delay) {
+                match ctx.retry.on_exhausted {
+                    OnExhausted::DeadLetter => {
+                        tracing::warn!(error = %failure.text, attempt, "retries exhausted, dead-lettering");
+                        let reason = reason(ctx, &failure, attempt, first.1, now.1);
+                        break dead_letter(ctx, stats, &message, reason, rng).await;
+                    }
+                    OnExhausted::BlockLane if !reported_exhausted => {
+                        reported_exhausted = true;
+                        tracing::error!(error = %failure.text, attempt, "retries exhausted; the lane stays blocked and keeps retrying");
+                    }
+                    OnExhausted::BlockLane => {}
+                }
+            } else {
+                tracing::debug!(error = %failure.text, attempt, ?delay, "transient failure, retrying in the lane");
+            }
+            stats.retries.fetch_add(1, Relaxed);
+            ctx.metrics.retries.increment(1);
+            backoff_wait(delay).await;
+            attempt = attempt.saturating_add(1);
+        };
+        self.remember(event_id, outcome).await
     }
 
-    if let Some(problem) = screen(ctx, &message) {
-        tracing::warn!(error = %problem, "dead-lettering malformed input unhandled");
-        let now = SystemTime::now();
-        let failure = Failure {
-            class: "malformed",
-            text: problem,
-            retryable: false,
-            cause: DeadLetterCause::Malformed,
-            retry_after: None,
-        };
-        let reason = reason(ctx, &failure, 0, now, now);
-        let outcome = dead_letter(ctx, stats, &message, reason, &mut fastrand::Rng::new()).await;
-        if let (Some(store), Some(id)) = (&ctx.idempotency, event_id) {
+    /// Records a finished message's event id (not one left unfinished by a fatal sink error).
+    async fn remember(&self, event_id: Option<EventId>, outcome: Outcome) -> Outcome {
+        if let (Some(store), Some(id), false) = (
+            &self.ctx.idempotency,
+            event_id,
+            matches!(outcome, Outcome::Fatal(_)),
+        ) {
             (**store).insert(id).await;
         }
-        return outcome;
+        outcome
     }
-    let mut attempt = 1u32;
-    let mut first_failure: Option<(Instant, SystemTime)> = None;
-    let mut rng: Option<fastrand::Rng> = None;
-    let mut reported_exhausted = false;
-    let outcome = loop {
-        span.record("attempt", attempt);
-        let started = Instant::now();
-        let result = attempt_once(ctx, Delivery::received_at(message.clone(), attempt, received)).await;
-        ctx.metrics
-            .handler_duration
-            .record(started.elapsed().as_secs_f64());
-        let failure = match result {
-            Ok(()) => {
-                stats.handled.fetch_add(1, Relaxed);
-                ctx.metrics.handled.increment(1);
-                break Outcome::Handled;
-            }
-            Err(failure) => failure,
-        };
-        let now = (Instant::now(), SystemTime::now());
-        let first = *first_failure.get_or_insert(now);
-        if !failure.retryable {
-            tracing::warn!(error = %failure.text, class = failure.class, attempt, "dead-lettering");
-            let reason = reason(ctx, &failure, attempt, first.1, now.1);
-            break dead_letter(
-                ctx,
-                stats,
-                &message,
-                reason,
-                rng.get_or_insert_with(fastrand::Rng::new),
-            )
-            .await;
-        }
-        let rng = rng.get_or_insert_with(fastrand::Rng::new);
-        let delay = failure
-            .retry_after
-            .unwrap_or_else(|| ctx.retry.backoff.delay(attempt, rng));
-        if ctx.retry.exhausted(attempt, now.0 - first.0, delay) {
-            match ctx.retry.on_exhausted {
-                OnExhausted::DeadLetter => {
-                    tracing::warn!(error = %failure.text, attempt, "retries exhausted, dead-lettering");
-                    let reason = reason(ctx, &failure, attempt, first.1, now.1);
-                    break dead_letter(ctx, stats, &message, reason, rng).await;
-                }
-                OnExhausted::BlockLane if !reported_exhausted => {
-                    reported_exhausted = true;
-                    tracing::error!(error = %failure.text, attempt, "retries exhausted; the lane stays blocked and keeps retrying");
-                }
-                OnExhausted::BlockLane => {}
-            }
-        } else {
-            tracing::debug!(error = %failure.text, attempt, ?delay, "transient failure, retrying in the lane");
-        }
-        stats.retries.fetch_add(1, Relaxed);
-        ctx.metrics.retries.increment(1);
-        backoff_wait(delay).await;
-        attempt = attempt.saturating_add(1);
-    };
-    if let (Some(store), Some(id)) = (&ctx.idempotency, event_id) {
-        (**store).insert(id).await;
-    }
-    outcome
 }
 
 /// Waits out a retry delay. Tokio's timer rounds every sleep up to the next millisecond, which
@@ -233,9 +271,9 @@ async fn backoff_wait(delay: Duration) {
 
 /// Input the engine refuses before any attempt, and why.
 fn screen(ctx: &LaneContext, message: &Message) -> Option<String> {
-    if ctx.reject_keyless && message.key.is_none() {
+    if ctx.reject_keyless && message.ordering_key().is_none() {
         return Some(
-            "message has no key, and keyless messages are dead-lettered (KeylessPolicy::DeadLetter)".into(),
+            "message has no key (or an empty one), and keyless messages are dead-lettered (KeylessPolicy::DeadLetter)".into(),
         );
     }
     match ctx.max_payload_bytes {
@@ -334,6 +372,10 @@ pub(crate) async fn dead_letter(
     };
     let mut failures = 0u32;
     while let Err(e) = (*ctx.sink).publish(&dead_letter).await {
+        if e.is_fatal() {
+            tracing::error!(error = %e, "dead-letter sink failed fatally; the engine stops (the message is kept: it stays uncommitted)");
+            return Outcome::Fatal(e);
+        }
         failures = failures.saturating_add(1);
         ctx.metrics.sink_failures.increment(1);
         let delay = ctx.dead_letter_backoff.delay(failures, rng);

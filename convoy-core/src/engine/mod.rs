@@ -30,7 +30,7 @@ use crate::handler::Handler;
 use crate::idempotency::{IdempotencyStore, MemoryIdempotencyStore};
 use crate::message::{Offset, SourceId};
 use crate::metrics::LaneMetrics;
-use crate::transport::Subscription;
+use crate::transport::{Subscription, Transport, TransportError};
 
 /// What an engine did, returned when it stops.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +39,9 @@ pub struct EngineReport {
     pub stats: StatsSnapshot,
     /// The last watermark committed per source still assigned at shutdown.
     pub committed: BTreeMap<SourceId, Offset>,
+    /// Messages still unfinished when the drain ended (its timeout passed or a second stop
+    /// signal aborted it): cancelled, left uncommitted, redelivered to the next owner.
+    pub cancelled: usize,
 }
 
 /// The engine stopped abnormally.
@@ -47,6 +50,17 @@ pub enum EngineError {
     /// The engine task panicked or was aborted (a crash: nothing was committed after it).
     #[error("engine task ended abnormally: {0}")]
     Crashed(String),
+    /// The configuration does not fit the transport (checked when the engine starts).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The transport failed in a way nothing retried can fix (fenced member, authorization
+    /// failure, a fatal client error); the engine stopped without committing.
+    #[error("the transport failed: {0}")]
+    Transport(#[from] TransportError),
+    /// A shard task died (a dead-letter sink or idempotency store panicked, or an engine bug):
+    /// its lanes could never finish, so the engine stopped instead of freezing.
+    #[error("a shard of the engine failed: {0}; the engine stopped (unfinished messages stay uncommitted and are redelivered)")]
+    Shard(String),
 }
 
 /// Builds an [`Engine`].
@@ -130,38 +144,58 @@ impl Engine {
         &self.config
     }
 
+    /// Subscribes to `transport` with a prefetch limit derived from the back-pressure bounds
+    /// (so the broker client buffers no more than the engine would hold), then runs on the
+    /// subscription like [`Engine::spawn`]. Must be called within a Tokio runtime.
+    pub async fn start<T: Transport + ?Sized>(&self, transport: &T) -> Result<EngineHandle, EngineError> {
+        let subscription = transport
+            .subscribe_with(self.config.back_pressure.prefetch_limit())
+            .await?;
+        if let Some(revoke_timeout) = subscription.control.revoke_timeout() {
+            if let Err(e) = self.config.validate_for_revoke_timeout(revoke_timeout) {
+                // Leave the group at once instead of holding partitions that never flow.
+                let _ = subscription.control.close().await;
+                return Err(e.into());
+            }
+        }
+        Ok(self.spawn(subscription))
+    }
+
     /// Runs on `subscription` in a task of its own; the handle stops, aborts or awaits it.
-    /// Must be called within a Tokio runtime.
+    /// A configuration that does not fit the transport (see
+    /// [`EngineConfig::validate_for_revoke_timeout`]) ends the engine at once with
+    /// [`EngineError::Config`]. Must be called within a Tokio runtime.
     pub fn spawn(&self, subscription: Subscription) -> EngineHandle {
         let (signals, signals_rx) = watch::channel(0u8);
         let shard_count = self.config.effective_shards();
         let stats = Arc::new(EngineStats::new(shard_count));
-        let (completions_tx, completions) = mpsc::unbounded_channel();
+        let (reports_tx, reports) = mpsc::unbounded_channel();
         let mut shard_tasks = JoinSet::new();
         let mut shards = Vec::with_capacity(shard_count);
         let mut shard_aborts = Vec::with_capacity(shard_count);
-        for shard_stats in &stats.shards {
+        for (index, shard_stats) in stats.shards.iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
             shards.push(tx);
             let shard = Shard::new(
                 rx,
-                completions_tx.clone(),
+                reports_tx.clone(),
                 self.context.clone(),
                 shard_stats.clone(),
+                self.config.shard_in_flight(index, shard_count),
             );
             shard_aborts.push(shard_tasks.spawn(shard.run()));
         }
         let intake = Intake::new(IntakeParts {
             config: self.config.clone(),
             subscription,
-            completions,
+            reports,
             shards,
             shard_tasks,
             stats: stats.clone(),
             signals: signals_rx,
         });
         EngineHandle {
-            signals,
+            stopper: Stopper(Arc::new(signals)),
             task: tokio::spawn(intake.run()),
             shard_aborts,
             stats,
@@ -174,10 +208,29 @@ impl Engine {
     }
 }
 
+/// Asks a running engine to stop, from anywhere (a signal handler, another task), also while
+/// its handle is awaiting the stop. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Stopper(Arc<watch::Sender<u8>>);
+
+impl Stopper {
+    /// The first call starts a graceful shutdown (stop fetching, let lanes finish up to the
+    /// drain timeout, commit, close); the next one escalates it: the drain is aborted, what
+    /// is unfinished is cancelled and left uncommitted, and what finished is committed.
+    pub fn shutdown(&self) {
+        self.0.send_modify(|n| *n = n.saturating_add(1));
+    }
+
+    /// How many stops were asked for so far.
+    pub fn requests(&self) -> u8 {
+        *self.0.borrow()
+    }
+}
+
 /// Controls a running engine.
 pub struct EngineHandle {
-    signals: watch::Sender<u8>,
-    task: JoinHandle<EngineReport>,
+    stopper: Stopper,
+    task: JoinHandle<Result<EngineReport, EngineError>>,
     shard_aborts: Vec<AbortHandle>,
     stats: Arc<EngineStats>,
 }
@@ -186,12 +239,17 @@ impl EngineHandle {
     /// Asks for a graceful shutdown: stop fetching, let lanes finish (up to the drain
     /// timeout), commit, close. A second call aborts the drain (then commits what finished).
     pub fn shutdown(&self) {
-        self.signals.send_modify(|n| *n = n.saturating_add(1));
+        self.stopper.shutdown();
     }
 
-    /// Waits for the engine to stop.
+    /// A handle that can ask for (and escalate) a stop while this one is awaited.
+    pub fn stopper(&self) -> Stopper {
+        self.stopper.clone()
+    }
+
+    /// Waits for the engine to stop: its report, or why it failed.
     pub async fn join(self) -> Result<EngineReport, EngineError> {
-        self.task.await.map_err(|e| EngineError::Crashed(e.to_string()))
+        self.task.await.map_err(|e| EngineError::Crashed(e.to_string()))?
     }
 
     /// Shuts down gracefully and waits.

@@ -4,6 +4,10 @@
 //! futures share one `FuturesUnordered`), shards run in parallel on the runtime's threads.
 //! A lane exists only while its key has work: it is removed as soon as its queue empties,
 //! so memory follows the active keys, never every key ever seen.
+//!
+//! Cancelling aborts a lane future and then polls the shard's futures until every aborted one
+//! was dropped, before anyone hears back: a cancelled handler is gone, not merely asleep, when
+//! its source is handed to another member.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -16,12 +20,13 @@ use bytes::Bytes;
 use futures_util::future::{AbortHandle, Abortable, Aborted};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use super::lane::{self, LaneContext, Outcome};
 use super::stats::ShardStats;
 use crate::message::Message;
+use crate::transport::TransportError;
 use crate::watermark::Seq;
 
 /// Identifies a lane inside a shard.
@@ -44,6 +49,11 @@ pub(crate) struct Work {
     pub slot: u32,
     pub epoch: u64,
     pub seq: Seq,
+    /// What the message weighs for back-pressure (bytes).
+    pub weight: usize,
+    /// False for a message at an offset rewritten after a position reset: an id derived from
+    /// its position would match the message the offset held before, so it is not checked.
+    pub check_duplicate: bool,
     pub received: Instant,
 }
 
@@ -51,8 +61,25 @@ pub(crate) struct Work {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Completion {
     pub slot: u32,
+    pub weight: u32,
     pub epoch: u64,
     pub seq: Seq,
+}
+
+/// What a shard tells the intake.
+pub(crate) enum ShardReport {
+    /// Messages finished.
+    Completions(Vec<Completion>),
+    /// A lane met an error nothing can retry (e.g. the dead-letter sink's client is fenced):
+    /// the engine must stop.
+    Fatal(TransportError),
+}
+
+/// Queued messages dropped for one assignment: how many and what they weighed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Dropped {
+    pub count: usize,
+    pub weight: usize,
 }
 
 /// Which assignments a command is about.
@@ -73,10 +100,10 @@ impl Epochs {
 
 pub(crate) enum ShardCommand {
     Work(Vec<Work>),
-    /// Drop queued (not started) messages of these assignments; reply with (epoch, dropped).
+    /// Drop queued (not started) messages of these assignments; reply with what was dropped.
     DropQueued {
         epochs: Epochs,
-        reply: oneshot::Sender<Vec<(u64, usize)>>,
+        reply: oneshot::Sender<Vec<(u64, Dropped)>>,
     },
     /// Abort in-flight messages of these assignments; their completions are never reported.
     Cancel {
@@ -96,6 +123,7 @@ struct InFlight {
     slot: u32,
     epoch: u64,
     seq: Seq,
+    weight: usize,
     abort: AbortHandle,
     message: Arc<Message>,
 }
@@ -119,10 +147,12 @@ const FLUSH_AT: usize = 1024;
 
 pub(crate) struct Shard {
     commands: mpsc::UnboundedReceiver<ShardCommand>,
-    completions: mpsc::UnboundedSender<Vec<Completion>>,
+    reports: mpsc::UnboundedSender<ShardReport>,
     lanes: HashMap<LaneKey, Lane, foldhash::fast::RandomState>,
     launcher: Launcher,
     pending: Vec<Completion>,
+    /// Aborted lane futures not yet dropped.
+    aborting: usize,
 }
 
 /// Starts lane futures; kept apart from the lane map so both can be borrowed at once.
@@ -130,7 +160,18 @@ struct Launcher {
     running: FuturesUnordered<Running>,
     ctx: Arc<LaneContext>,
     stats: Arc<ShardStats>,
+    /// This shard's share of `max_in_flight` handler calls, if limited.
+    calls: Option<Arc<Semaphore>>,
     next_ticket: u64,
+}
+
+/// How a lane future is identified in the shard.
+struct Launch {
+    lane: LaneKey,
+    slot: u32,
+    epoch: u64,
+    seq: Seq,
+    weight: usize,
 }
 
 impl Launcher {
@@ -140,21 +181,34 @@ impl Launcher {
         let future = lane::process(
             self.ctx.clone(),
             self.stats.clone(),
+            self.calls.clone(),
             message.clone(),
+            work.check_duplicate,
             work.received,
         );
-        self.launch(work.lane, work.slot, work.epoch, work.seq, message, future)
+        let launch = Launch {
+            lane: work.lane,
+            slot: work.slot,
+            epoch: work.epoch,
+            seq: work.seq,
+            weight: work.weight,
+        };
+        self.launch(launch, message, future)
     }
 
     fn launch(
         &mut self,
-        lane: LaneKey,
-        slot: u32,
-        epoch: u64,
-        seq: Seq,
+        launch: Launch,
         message: Arc<Message>,
         future: impl Future<Output = Outcome> + Send + 'static,
     ) -> InFlight {
+        let Launch {
+            lane,
+            slot,
+            epoch,
+            seq,
+            weight,
+        } = launch;
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         let (abort, registration) = AbortHandle::new_pair();
@@ -171,6 +225,7 @@ impl Launcher {
             slot,
             epoch,
             seq,
+            weight,
             abort,
             message,
         }
@@ -180,21 +235,24 @@ impl Launcher {
 impl Shard {
     pub fn new(
         commands: mpsc::UnboundedReceiver<ShardCommand>,
-        completions: mpsc::UnboundedSender<Vec<Completion>>,
+        reports: mpsc::UnboundedSender<ShardReport>,
         ctx: Arc<LaneContext>,
         stats: Arc<ShardStats>,
+        max_calls: Option<usize>,
     ) -> Self {
         Shard {
             commands,
-            completions,
+            reports,
             lanes: HashMap::default(),
             launcher: Launcher {
                 running: FuturesUnordered::new(),
                 ctx,
                 stats,
+                calls: max_calls.map(|n| Arc::new(Semaphore::new(n))),
                 next_ticket: 0,
             },
             pending: Vec::new(),
+            aborting: 0,
         }
     }
 
@@ -235,7 +293,30 @@ impl Shard {
         self.launcher.stats.lanes.store(self.lanes.len(), Relaxed);
         if !self.pending.is_empty() {
             // The intake is gone only when the engine is shutting down; nothing to report then.
-            let _ = self.completions.send(std::mem::take(&mut self.pending));
+            let _ = self
+                .reports
+                .send(ShardReport::Completions(std::mem::take(&mut self.pending)));
+        }
+    }
+
+    /// Polls the lane futures until every aborted one returned, and so was dropped. An aborted
+    /// future is woken by its abort, so each round reaches it; `FuturesUnordered` may yield
+    /// before it polled everything ready (it does after two futures yield, as lanes waiting
+    /// out a sub-millisecond backoff do), which is why this loops on the count, not on
+    /// readiness.
+    fn reap_aborted(&mut self) {
+        while self.aborting > 0 {
+            match self.launcher.running.next().now_or_never() {
+                Some(Some(finished)) => self.on_finished(finished),
+                Some(None) => {
+                    tracing::error!(
+                        aborting = self.aborting,
+                        "aborted lane futures vanished without finishing"
+                    );
+                    self.aborting = 0;
+                }
+                None => {} // it yielded with work left: poll again
+            }
         }
     }
 
@@ -251,14 +332,14 @@ impl Shard {
             }
             ShardCommand::Cancel { epochs, reply } => {
                 self.cancel(&epochs);
-                // Aborted futures are dropped on their next poll: do it now, so no handler of
-                // a cancelled message is still alive when the intake hears back.
-                while let Some(Some(finished)) = self.launcher.running.next().now_or_never() {
-                    self.on_finished(finished);
-                }
+                // No handler of a cancelled message may still be alive when the intake hears back.
+                self.reap_aborted();
                 let _ = reply.send(());
             }
-            ShardCommand::Stuck { epoch, seq, waited } => self.stuck(epoch, seq, waited),
+            ShardCommand::Stuck { epoch, seq, waited } => {
+                self.stuck(epoch, seq, waited);
+                self.reap_aborted();
+            }
         }
     }
 
@@ -272,8 +353,18 @@ impl Shard {
     }
 
     fn on_finished(&mut self, finished: Finished) {
-        if finished.outcome.is_err() {
-            return; // aborted: whoever aborted it already moved the lane on
+        let outcome = match finished.outcome {
+            Ok(outcome) => outcome,
+            Err(Aborted) => {
+                // Whoever aborted it already moved the lane on; it is dropped now.
+                self.aborting = self.aborting.saturating_sub(1);
+                return;
+            }
+        };
+        if let Outcome::Fatal(error) = outcome {
+            // The lane stays blocked: the engine stops on this report.
+            let _ = self.reports.send(ShardReport::Fatal(error));
+            return;
         }
         // One lookup per finished message: complete it, then start the next or drop the lane.
         let Entry::Occupied(mut entry) = self.lanes.entry(finished.lane) else {
@@ -283,6 +374,7 @@ impl Shard {
         match lane.busy.take() {
             Some(busy) if busy.ticket == finished.ticket => self.pending.push(Completion {
                 slot: busy.slot,
+                weight: u32::try_from(busy.weight).unwrap_or(u32::MAX),
                 epoch: busy.epoch,
                 seq: busy.seq,
             }),
@@ -319,13 +411,15 @@ impl Shard {
         }
     }
 
-    fn drop_queued(&mut self, epochs: &Epochs) -> Vec<(u64, usize)> {
-        let mut dropped: HashMap<u64, usize> = HashMap::new();
+    fn drop_queued(&mut self, epochs: &Epochs) -> Vec<(u64, Dropped)> {
+        let mut dropped: HashMap<u64, Dropped> = HashMap::new();
         self.lanes.retain(|_, lane| {
             lane.queue.retain(|w| {
                 let drop = epochs.contains(w.epoch);
                 if drop {
-                    *dropped.entry(w.epoch).or_default() += 1;
+                    let d = dropped.entry(w.epoch).or_default();
+                    d.count += 1;
+                    d.weight += w.weight;
                 }
                 !drop
             });
@@ -344,6 +438,7 @@ impl Shard {
         for key in victims {
             if let Some(busy) = self.lanes.get_mut(&key).and_then(|lane| lane.busy.take()) {
                 busy.abort.abort();
+                self.aborting += 1;
             }
             self.advance(key);
         }
@@ -355,12 +450,13 @@ impl Shard {
             .iter()
             .find(|(_, l)| l.busy.as_ref().is_some_and(|b| b.epoch == epoch && b.seq == seq))
             .map(|(k, _)| k.clone());
-        let (key, slot, message) = if let Some(key) = in_flight {
+        let (key, slot, weight, message) = if let Some(key) = in_flight {
             let Some(busy) = self.lanes.get_mut(&key).and_then(|l| l.busy.take()) else {
                 return;
             };
             busy.abort.abort();
-            (key, busy.slot, busy.message)
+            self.aborting += 1;
+            (key, busy.slot, busy.weight, busy.message)
         } else {
             // Queued behind another message of its key: take it out and give it a lane of its own.
             let mut found = None;
@@ -376,6 +472,7 @@ impl Shard {
             (
                 LaneKey::Detached(self.launcher.next_ticket),
                 work.slot,
+                work.weight,
                 Arc::new(work.message),
             )
         };
@@ -387,9 +484,14 @@ impl Shard {
         let future = async move {
             lane::dead_letter(&ctx, &stats, &dl_message, reason, &mut fastrand::Rng::new()).await
         };
-        let in_flight = self
-            .launcher
-            .launch(key.clone(), slot, epoch, seq, message, future);
+        let launch = Launch {
+            lane: key.clone(),
+            slot,
+            epoch,
+            seq,
+            weight,
+        };
+        let in_flight = self.launcher.launch(launch, message, future);
         self.lanes.entry(key).or_default().busy = Some(in_flight);
     }
 }

@@ -18,6 +18,10 @@ pub(crate) struct ShardStats {
 pub(crate) struct IntakeStats {
     pub held: AtomicUsize,
     pub peak_held: AtomicUsize,
+    pub held_bytes: AtomicUsize,
+    pub peak_held_bytes: AtomicUsize,
+    pub peak_window: AtomicUsize,
+    pub resets: AtomicU64,
     pub pauses: AtomicU64,
     pub paused_sources: AtomicUsize,
     pub sources: AtomicUsize,
@@ -46,6 +50,16 @@ pub struct StatsSnapshot {
     pub held: usize,
     /// The most messages held at once.
     pub peak_held: usize,
+    /// Bytes held now (keys, payloads, headers of the messages held).
+    pub held_bytes: usize,
+    /// The most bytes held at once.
+    pub peak_held_bytes: usize,
+    /// The longest watermark window of any source so far (received offsets from the lowest
+    /// unfinished one to the newest).
+    pub peak_window: usize,
+    /// Position resets: a source delivered an offset at or below one it delivered before (its
+    /// log was truncated and rewritten) and was tracked again from there.
+    pub resets: u64,
     /// How often back-pressure paused a source.
     pub pauses: u64,
     /// Sources paused now.
@@ -70,6 +84,10 @@ impl EngineStats {
         let mut s = StatsSnapshot {
             held: self.intake.held.load(Relaxed),
             peak_held: self.intake.peak_held.load(Relaxed),
+            held_bytes: self.intake.held_bytes.load(Relaxed),
+            peak_held_bytes: self.intake.peak_held_bytes.load(Relaxed),
+            peak_window: self.intake.peak_window.load(Relaxed),
+            resets: self.intake.resets.load(Relaxed),
             pauses: self.intake.pauses.load(Relaxed),
             paused_sources: self.intake.paused_sources.load(Relaxed),
             sources: self.intake.sources.load(Relaxed),

@@ -49,6 +49,8 @@ pub fn unique(prefix: &str) -> String {
 pub fn test_config(bootstrap: &str, group: &str, topic: &str) -> KafkaConfig {
     let mut c = KafkaConfig::new(bootstrap, group, &[topic]);
     c.session_timeout_ms = 6_000;
+    // Above the conformance drain timeout (8 s), so revokes drain fully in tests.
+    c.revoke_timeout_ms = 15_000;
     c.properties.insert("heartbeat.interval.ms".into(), "500".into());
     c.properties
         .insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
@@ -229,7 +231,6 @@ impl TestBed for KafkaBed {
     async fn subscribe(&self) -> Result<Subscription, TransportError> {
         KafkaTransport::new(self.config.clone())
             .map_err(|e| TransportError::broker("config", e))?
-            .with_revoke_timeout(Duration::from_secs(10))
             .subscribe()
             .await
     }

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use convoy_core::{
-    BackPressure, DeadLetterSink, Engine, EngineConfig, Publisher, RetryPolicy, Subscription, TransportError,
+    BackPressure, DeadLetterSink, Engine, EngineConfig, PrefetchLimit, Publisher, RetryPolicy, Subscription,
+    TransportError,
 };
 
 pub use load::prefill;
@@ -103,8 +104,8 @@ pub trait ScenarioBed: Send + Sync {
     fn publisher(&self) -> Arc<dyn Publisher>;
     /// Dead letters go here.
     fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink>;
-    /// Joins the group.
-    async fn subscribe(&self) -> Result<Subscription, TransportError>;
+    /// Joins the group, the broker client prefetching at most `limit`.
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError>;
     /// Drains the topic with a bare client of the broker (its own group, no engine, no
     /// ordering) and returns its rate in messages per second.
     async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError>;
@@ -167,7 +168,7 @@ pub async fn run(
         .build()
         .map_err(|e| e.to_string())?;
     let subscription = bed
-        .subscribe()
+        .subscribe_with(scenario.back_pressure.prefetch_limit())
         .await
         .map_err(|e| format!("subscribing failed: {e}"))?;
     let running = engine.spawn(subscription);

@@ -1,4 +1,4 @@
-//! `memory://[name]`: the embedded broker of convoy-testkit. Brokers are shared by name within
+//! `memory://[name]`: the embedded broker of convoy-memory. Brokers are shared by name within
 //! the process (so a producer and a consumer connected separately meet), topics are created on
 //! first use with the endpoint's partition count.
 
@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use convoy_core::ConfigError;
-use convoy_testkit::MemoryBroker;
+use convoy_memory::MemoryBroker;
 
 use super::Backend;
 use crate::error::ConnectError;

@@ -11,7 +11,7 @@ use crate::settings::Endpoint;
 /// A connected backend.
 pub(crate) enum Backend {
     #[cfg(feature = "memory")]
-    Memory(convoy_testkit::MemoryBroker),
+    Memory(convoy_memory::MemoryBroker),
     #[cfg(feature = "kafka")]
     Kafka(convoy_kafka::KafkaConfig),
 }

@@ -6,21 +6,30 @@
 //! every message of one key lands in one source. The engine never sees a broker type.
 //!
 //! Rules an adapter must keep (the conformance suite checks them):
+//! - events travel through one [`event_channel`], so they keep their order;
 //! - `Assigned(s)` comes before any message of `s`; within one assignment, offsets of `s`
-//!   increase.
-//! - After `Revoked`/`Lost` for `s`, no message of that assignment follows; messages of a
-//!   later assignment of `s` come only after a new `Assigned(s)`.
-//! - `Revoked` is acknowledged by the engine after it drained and committed; the transport
-//!   must accept commits of the revoked sources until the acknowledgement, and must not hand
-//!   the sources to another member before it.
-//! - `commit(s, W)` means every offset ≤ W of `s` is finished.
+//!   increase (an offset at or below one already sent means the source's log was truncated and
+//!   rewritten: the engine treats it as a position reset);
+//! - after `Revoked`/`Lost` for `s`, no message of that assignment follows; messages of a
+//!   later assignment of `s` come only after a new `Assigned(s)`;
+//! - `Revoked` carries the deadline at which the transport releases the sources; until then
+//!   it accepts commits of them, and it never hands them to another member before the engine
+//!   acknowledged or the deadline passed (the engine cancels their work before it);
+//! - a commit with `next = N` means every offset below `N` of the source is finished;
+//! - a failure the subscription cannot recover from is reported as `Failed`, never only logged.
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot};
 
-use crate::message::{Message, Offset, OutgoingMessage, SourceId};
+use crate::message::{Offset, OutgoingMessage, SourceId};
+
+mod events;
+
+pub use events::{
+    event_channel, EventReceiver, EventSender, EventsClosed, RevokeAck, SourceEvent, TrySendBatch,
+};
 
 /// Boxed error from a broker client, kept as the source of a [`TransportError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -37,6 +46,10 @@ pub enum TransportError {
     /// The subscription or publisher was closed.
     #[error("transport closed")]
     Closed,
+    /// The client cannot go on (fenced, not authorized, a fatal client error): nothing retried
+    /// will succeed; fix the cause and restart.
+    #[error("{0} (fatal: this client cannot continue; fix the cause and restart)")]
+    Fatal(String),
     /// The broker rejected the request.
     #[error("{context}: {source}")]
     Broker {
@@ -55,6 +68,11 @@ impl TransportError {
             context: context.into(),
             source: source.into(),
         }
+    }
+
+    /// True for errors no retry can fix ([`TransportError::Fatal`]).
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, TransportError::Fatal(_))
     }
 }
 
@@ -81,56 +99,42 @@ impl Assignment {
     }
 }
 
-/// The engine's acknowledgement that revoked sources were drained and committed.
-#[derive(Debug)]
-pub struct RevokeAck(oneshot::Sender<()>);
-
-impl RevokeAck {
-    /// A pair: the ack the engine completes, and the receiver the transport waits on.
-    pub fn new() -> (RevokeAck, oneshot::Receiver<()>) {
-        let (tx, rx) = oneshot::channel();
-        (RevokeAck(tx), rx)
-    }
-
-    /// Tells the transport it may release the sources.
-    pub fn done(self) {
-        // The transport may have given up waiting; nothing more to do then.
-        let _ = self.0.send(());
-    }
-}
-
-/// What a subscription reports to the engine.
-#[derive(Debug)]
-pub enum SourceEvent {
-    /// Messages of one source, in offset order.
-    Messages {
-        /// The source.
-        source: SourceId,
-        /// The batch.
-        messages: Vec<Message>,
-    },
-    /// Sources now owned by this consumer.
-    Assigned(Vec<Assignment>),
-    /// Sources being taken away: drain, commit, then acknowledge.
-    Revoked {
-        /// The sources.
-        sources: Vec<SourceId>,
-        /// Complete after the final commit.
-        ack: RevokeAck,
-    },
-    /// Sources already gone (session expired, connection lost): do not commit them.
-    Lost(Vec<SourceId>),
-}
-
-/// A watermark to commit.
+/// A position to commit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Commit {
     /// The source.
     pub source: SourceId,
-    /// Every offset ≤ this is finished.
-    pub watermark: Offset,
-    /// Finished offsets above the watermark (only filled for transports that ask for them).
+    /// Every offset below this is finished: the watermark plus one (Kafka's committed offset),
+    /// or, while nothing is finished yet, the lowest offset received. A transport that
+    /// acknowledges by the last finished position acknowledges `next - 1`, and nothing when no
+    /// offset it delivered lies below `next`.
+    pub next: Offset,
+    /// Finished offsets at or above `next` (only filled for transports that ask for them).
     pub finished_above: Vec<Offset>,
+}
+
+impl Commit {
+    /// The watermark: the highest offset known finished with everything before it.
+    pub fn watermark(&self) -> Option<Offset> {
+        self.next.checked_sub(1)
+    }
+}
+
+/// How much a subscription may fetch ahead of the engine, in total over its sources: the
+/// engine's own back-pressure bounds what it holds, this bounds what the broker client buffers
+/// beyond it. A transport divides it over the sources it may own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefetchLimit {
+    /// Messages buffered in the client, in total.
+    pub messages: usize,
+    /// Bytes (keys, payloads, headers) buffered in the client, in total.
+    pub bytes: usize,
+}
+
+impl Default for PrefetchLimit {
+    fn default() -> Self {
+        crate::config::BackPressure::default().prefetch_limit()
+    }
 }
 
 /// Per-source flow control and commits for a subscription.
@@ -150,6 +154,11 @@ pub trait SourceControl: Send + Sync + 'static {
     fn wants_finished_above(&self) -> bool {
         false
     }
+    /// How long the transport waits for a revoke's acknowledgement before it releases the
+    /// sources anyway; the engine refuses to start with a drain timeout that is not shorter.
+    fn revoke_timeout(&self) -> Option<Duration> {
+        None
+    }
     /// Leaves gracefully (after the final commit).
     async fn close(&self) -> Result<(), TransportError>;
 }
@@ -158,7 +167,7 @@ pub trait SourceControl: Send + Sync + 'static {
 /// the broker reassigns the sources from their last committed watermarks.
 pub struct Subscription {
     /// The event stream.
-    pub events: mpsc::Receiver<SourceEvent>,
+    pub events: EventReceiver,
     /// Flow control and commits.
     pub control: Box<dyn SourceControl>,
 }
@@ -172,8 +181,16 @@ impl fmt::Debug for Subscription {
 /// Opens subscriptions (one consumer-group member each).
 #[async_trait]
 pub trait Transport: Send + Sync + 'static {
-    /// Joins the group and starts fetching.
+    /// Joins the group and starts fetching, prefetching at most the default limit.
     async fn subscribe(&self) -> Result<Subscription, TransportError>;
+
+    /// Joins the group and starts fetching, prefetching at most `limit` (the engine passes
+    /// one derived from its back-pressure bounds). Transports whose client buffers little
+    /// by design may ignore it.
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
+        let _ = limit;
+        self.subscribe().await
+    }
 }
 
 /// Where a published message landed.

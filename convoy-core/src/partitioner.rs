@@ -1,6 +1,7 @@
-//! Key → partition: Kafka's Java-compatible murmur2 (`toPositive(murmur2(key)) % n`), so the
-//! memory broker spreads keys exactly like a Kafka producer would. That is also why shards
-//! must not reuse it (see the engine's salted shard hash).
+//! Key → partition: Kafka's Java-compatible murmur2 (`toPositive(murmur2(key)) % n`), used by
+//! every publisher convoy has, so a key lands on the same partition number whatever the broker
+//! (and the memory broker spreads keys exactly like a Kafka producer would). That is also why
+//! shards must not reuse it (see the engine's salted shard hash).
 
 /// Kafka's murmur2 (seed 0x9747b28c), as in `org.apache.kafka.common.utils.Utils.murmur2`.
 pub fn murmur2(data: &[u8]) -> u32 {

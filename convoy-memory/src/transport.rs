@@ -1,5 +1,6 @@
-//! The memory transport: convoy's transport contract over [`MemoryBroker`], so handler tests
-//! need no broker process.
+//! The memory transport: convoy's transport contract over [`MemoryBroker`], so handlers run
+//! with no broker process. Its prefetch is small by design (a few batches per member), so it
+//! needs no prefetch limit.
 
 use async_trait::async_trait;
 use convoy_core::{
@@ -69,6 +70,10 @@ impl SourceControl for MemoryControl {
 
     fn wants_finished_above(&self) -> bool {
         true
+    }
+
+    fn revoke_timeout(&self) -> Option<std::time::Duration> {
+        Some(self.broker.faults().rebalance_timeout)
     }
 
     async fn close(&self) -> Result<(), TransportError> {

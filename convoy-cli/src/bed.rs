@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy_core::{DeadLetterSink, Publisher, Subscription, Transport, TransportError};
+use convoy::{
+    unique_suffix, ConnectError, Connection, DeadLetterSink, PrefetchLimit, Publisher, Subscription,
+    Transport, TransportError,
+};
 use convoy_testkit::scenario::ScenarioBed;
-
-use crate::connection::Connection;
-use crate::error::ConnectError;
 
 /// A fresh topic on a connection's broker, with its own group and dead-letter topic.
 pub struct ConnectionBed {
@@ -18,18 +18,6 @@ pub struct ConnectionBed {
     partitions: u32,
     publisher: Arc<dyn Publisher>,
     sink: Arc<dyn DeadLetterSink>,
-}
-
-/// A suffix that makes names unique per process and moment (`<pid>-<micros hex>`), for fresh
-/// topics and groups on a shared broker.
-pub fn unique_suffix() -> String {
-    format!(
-        "{}-{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros())
-    )
 }
 
 impl ConnectionBed {
@@ -75,8 +63,8 @@ impl ScenarioBed for ConnectionBed {
         self.sink.clone()
     }
 
-    async fn subscribe(&self) -> Result<Subscription, TransportError> {
-        self.connection.subscribe().await
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
+        self.connection.subscribe_with(limit).await
     }
 
     async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError> {

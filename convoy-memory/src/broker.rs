@@ -6,7 +6,9 @@
 //! crashed, or missed the rebalance timeout). Committed positions belong to the group and
 //! survive any member. Faults can be injected: fetch delays, small batches, offset gaps (like
 //! Kafka's transaction markers), failing dead-letter publishes and commits, dropped
-//! connections (the member's partitions are lost, then reassigned from their commits).
+//! connections (the member's partitions are lost, then reassigned from their commits), and
+//! log truncation (a partition rewritten from an offset, as after Kafka's unclean leader
+//! election).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -14,13 +16,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use convoy_core::partitioner::partition_for_key;
+use convoy_core::transport::{event_channel, EventReceiver, EventSender};
 use convoy_core::{
     Assignment, Commit, Headers, Message, Offset, OutgoingMessage, Receipt, RevokeAck, SourceEvent, SourceId,
     TransportError,
 };
-use tokio::sync::{mpsc, Notify};
-
-use crate::partitioner::partition_for_key;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// Faults and limits applied by the broker; change them at any time with [`MemoryBroker::set_faults`].
 #[derive(Clone, Debug)]
@@ -35,7 +38,8 @@ pub struct Faults {
     pub fail_dead_letters: u32,
     /// Fail this many upcoming commits.
     pub fail_commits: u32,
-    /// How long a member may take to acknowledge a revoke before it is expelled.
+    /// How long a member may take to acknowledge a revoke before the partitions are handed on
+    /// anyway (the revoke's deadline) and the member is expelled.
     pub rebalance_timeout: Duration,
 }
 
@@ -107,6 +111,14 @@ impl Log {
         self.segments.last().and_then(|s| s.last())
     }
 
+    /// Drops every record with an offset ≥ `offset`.
+    fn truncate(&mut self, offset: Offset) {
+        for segment in &mut self.segments {
+            segment.retain(|r| r.offset < offset);
+        }
+        self.segments.retain(|s| !s.is_empty());
+    }
+
     fn iter(&self) -> impl Iterator<Item = &Record> {
         self.segments.iter().flatten()
     }
@@ -144,7 +156,8 @@ struct Topic {
 
 type TopicPartition = (String, u32);
 
-/// Events buffered between a member and its engine. Small, so a pause takes effect quickly.
+/// Message batches buffered between a member and its engine. Small, so a pause takes effect
+/// quickly (control events never wait for room).
 pub const EVENT_CAPACITY: usize = 4;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -158,6 +171,8 @@ struct Group {
     topics: BTreeSet<String>,
     members: BTreeSet<u64>,
     owners: HashMap<TopicPartition, Ownership>,
+    /// Per partition: the committed position (every offset below it finished) and the finished
+    /// offsets above it.
     committed: HashMap<TopicPartition, (Offset, Vec<Offset>)>,
 }
 
@@ -215,6 +230,7 @@ struct PendingRevoke {
     group: String,
     member: u64,
     partitions: Vec<TopicPartition>,
+    deadline: Instant,
     ack: tokio::sync::oneshot::Receiver<()>,
 }
 
@@ -329,7 +345,8 @@ impl MemoryBroker {
             .collect()
     }
 
-    /// The group's committed watermark per source.
+    /// The group's committed watermark per source (sources committed at their very first
+    /// offset, with nothing finished below it, have none).
     pub fn committed(&self, group: &str) -> BTreeMap<SourceId, Offset> {
         let state = self.state();
         state
@@ -338,10 +355,40 @@ impl MemoryBroker {
             .map(|g| {
                 g.committed
                     .iter()
-                    .map(|((t, p), (w, _))| (source_id(t, *p), *w))
+                    .filter_map(|((t, p), (next, _))| Some((source_id(t, *p), next.checked_sub(1)?)))
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The group's commit of one source: the position and the finished offsets above it.
+    pub fn committed_position(&self, group: &str, source: &SourceId) -> Option<(Offset, Vec<Offset>)> {
+        let tp = parse_source(source)?;
+        self.state().groups.get(group)?.committed.get(&tp).cloned()
+    }
+
+    /// Fault: the partition's log is truncated at `offset` (everything from it on is gone, as
+    /// after an unclean leader election); the next message published there gets `offset` again.
+    /// Members reading past the cut read on from it.
+    pub fn truncate(&self, source: &SourceId, offset: Offset) {
+        let Some((topic, partition)) = parse_source(source) else {
+            return;
+        };
+        let mut state = self.state();
+        let State { topics, members, .. } = &mut *state;
+        let Some(p) = topics
+            .get_mut(&topic)
+            .and_then(|t| t.partitions.get_mut(partition as usize))
+        else {
+            return;
+        };
+        p.log.truncate(offset);
+        p.next_offset = p.next_offset.min(offset);
+        for m in members.values_mut() {
+            if let Some(cursor) = m.assigned.get_mut(&(topic.clone(), partition)) {
+                cursor.next = cursor.next.min(offset);
+            }
+        }
     }
 
     /// The members of a group now.
@@ -377,8 +424,8 @@ impl MemoryBroker {
         &self,
         group: &str,
         topics: &[String],
-    ) -> Result<(u64, mpsc::Receiver<SourceEvent>), TransportError> {
-        let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
+    ) -> Result<(u64, EventReceiver), TransportError> {
+        let (tx, rx) = event_channel(EVENT_CAPACITY);
         let wake = Arc::new(Notify::new());
         let (id, revokes) = {
             let mut state = self.state();
@@ -404,7 +451,7 @@ impl MemoryBroker {
             let g = state.groups.entry(group.to_owned()).or_default();
             g.members.insert(id);
             g.topics.extend(topics.iter().cloned());
-            let revokes = rebalance(&mut state, group);
+            let revokes = rebalance(&mut state, group, self.faults().rebalance_timeout);
             (id, revokes)
         };
         self.await_revokes(revokes);
@@ -415,6 +462,7 @@ impl MemoryBroker {
     /// Removes a member (graceful leave or crash: the broker cannot tell, like Kafka after a
     /// session timeout). Its sources are reassigned from the group's committed positions.
     pub(crate) fn leave(&self, member: u64) {
+        let timeout = self.faults().rebalance_timeout;
         let revokes = {
             let mut state = self.state();
             let Some(m) = state.members.remove(&member) else {
@@ -427,7 +475,7 @@ impl MemoryBroker {
             g.members.remove(&member);
             g.owners
                 .retain(|_, o| !matches!(o, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member));
-            rebalance(&mut state, &m.group)
+            rebalance(&mut state, &m.group, timeout)
         };
         self.await_revokes(revokes);
     }
@@ -435,6 +483,7 @@ impl MemoryBroker {
     /// Fault: the member's connection drops. Its sources are lost (no commit possible), then
     /// the member rejoins and gets sources again from their committed positions.
     pub fn drop_connection(&self, member: u64) {
+        let timeout = self.faults().rebalance_timeout;
         let revokes = {
             let mut state = self.state();
             let Some(m) = state.members.get_mut(&member) else {
@@ -453,7 +502,7 @@ impl MemoryBroker {
                     |_, o| !matches!(o, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member),
                 );
             }
-            rebalance(&mut state, &group)
+            rebalance(&mut state, &group, timeout)
         };
         self.await_revokes(revokes);
     }
@@ -462,9 +511,11 @@ impl MemoryBroker {
     fn await_revokes(&self, revokes: Vec<PendingRevoke>) {
         for revoke in revokes {
             let broker = self.clone();
-            let timeout = self.faults().rebalance_timeout;
             tokio::spawn(async move {
-                let acked = matches!(tokio::time::timeout(timeout, revoke.ack).await, Ok(Ok(())));
+                let acked = matches!(
+                    tokio::time::timeout_at(revoke.deadline, revoke.ack).await,
+                    Ok(Ok(()))
+                );
                 if !acked {
                     // Dropped ack (crash) or too slow: like Kafka, expel the member.
                     tracing::warn!(
@@ -474,6 +525,7 @@ impl MemoryBroker {
                     broker.leave(revoke.member);
                     return;
                 }
+                let timeout = broker.faults().rebalance_timeout;
                 let more = {
                     let mut state = broker.state();
                     if let Some(g) = state.groups.get_mut(&revoke.group) {
@@ -483,7 +535,7 @@ impl MemoryBroker {
                             }
                         }
                     }
-                    rebalance(&mut state, &revoke.group)
+                    rebalance(&mut state, &revoke.group, timeout)
                 };
                 broker.await_revokes(more);
             });
@@ -536,7 +588,7 @@ impl MemoryBroker {
         }
         for c in commits {
             if let Some(tp) = parse_source(&c.source) {
-                g.committed.insert(tp, (c.watermark, c.finished_above.clone()));
+                g.committed.insert(tp, (c.next, c.finished_above.clone()));
             }
         }
         Ok(())
@@ -562,7 +614,7 @@ impl MemoryBroker {
     /// source with data, taken under one lock so events reach the engine in a consistent
     /// order. One batch per round keeps what arrives after a pause to at most the
     /// `EVENT_CAPACITY` queued batches plus the one held while waiting to send.
-    async fn member_loop(self, id: u64, tx: mpsc::Sender<SourceEvent>, wake: Arc<Notify>) {
+    async fn member_loop(self, id: u64, tx: EventSender, wake: Arc<Notify>) {
         let mut next_partition = 0usize;
         loop {
             let data = self.inner.data.notified();
@@ -619,7 +671,11 @@ impl MemoryBroker {
                 tokio::time::sleep(delay).await;
             }
             for event in out {
-                if tx.send(event).await.is_err() {
+                let sent = match event {
+                    SourceEvent::Messages { source, messages } => tx.messages(source, messages).await.is_ok(),
+                    control => tx.control(control).is_ok(),
+                };
+                if !sent {
                     self.leave(id); // the consumer went away without closing: a crash
                     return;
                 }
@@ -630,7 +686,7 @@ impl MemoryBroker {
 
 /// Moves the group toward a round-robin assignment of its partitions over its members.
 /// Unowned partitions are assigned at once; owned ones that must move are revoked first.
-fn rebalance(state: &mut State, group: &str) -> Vec<PendingRevoke> {
+fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec<PendingRevoke> {
     let State {
         topics,
         groups,
@@ -658,22 +714,16 @@ fn rebalance(state: &mut State, group: &str) -> Vec<PendingRevoke> {
         let target = live[i % live.len()];
         match g.owners.get(tp).copied() {
             None => {
-                let (committed, finished_above) = match g.committed.get(tp) {
-                    Some((w, above)) => (Some(*w), above.clone()),
-                    None => (None, Vec::new()),
+                let (next, finished_above) = match g.committed.get(tp) {
+                    Some((next, above)) => (*next, above.clone()),
+                    None => (0, Vec::new()),
                 };
                 if let Some(m) = members.get_mut(&target) {
-                    m.assigned.insert(
-                        tp.clone(),
-                        Cursor {
-                            next: committed.map_or(0, |w| w + 1),
-                            paused: false,
-                        },
-                    );
+                    m.assigned.insert(tp.clone(), Cursor { next, paused: false });
                     g.owners.insert(tp.clone(), Ownership::Owned(target));
                     assigned.entry(target).or_default().push(Assignment {
                         source: source_id(&tp.0, tp.1),
-                        committed,
+                        committed: next.checked_sub(1),
                         finished_above,
                     });
                 }
@@ -689,11 +739,13 @@ fn rebalance(state: &mut State, group: &str) -> Vec<PendingRevoke> {
         }
     }
     let mut pending = Vec::new();
+    let deadline = Instant::now() + rebalance_timeout;
     for (member, partitions) in revoked {
         let (ack, rx) = RevokeAck::new();
         if let Some(m) = members.get_mut(&member) {
             m.pending.push_back(SourceEvent::Revoked {
                 sources: partitions.iter().map(|(t, p)| source_id(t, *p)).collect(),
+                deadline,
                 ack,
             });
             m.wake.notify_one();
@@ -702,6 +754,7 @@ fn rebalance(state: &mut State, group: &str) -> Vec<PendingRevoke> {
             group: group.to_owned(),
             member,
             partitions,
+            deadline,
             ack: rx,
         });
     }

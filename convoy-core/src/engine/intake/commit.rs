@@ -1,0 +1,194 @@
+//! Commits run beside the intake, never inline: one at a time, each bounded by
+//! `commit_timeout`, so a broker that does not answer (a coordinator fail-over) never stops
+//! messages, revokes or shutdown signals from being handled.
+//!
+//! A source is committed when its watermark moved, and — for transports that keep the finished
+//! offsets above the watermark (an offset map) — also when only that set grew, which is exactly
+//! when a head message retrying for long makes the map matter. Commits are batched: every
+//! `commit_every` finished messages or `commit_interval`, on revoke and at shutdown.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{Intake, Turn};
+use crate::engine::EngineError;
+use crate::message::Offset;
+use crate::transport::{Commit, SourceControl, TransportError};
+
+/// What one source's part of a commit covers.
+pub(super) struct Entry {
+    pub slot: u32,
+    pub epoch: u64,
+    pub next: Offset,
+    pub changes: u64,
+}
+
+/// A commit sent to the transport and not yet answered.
+pub(super) struct InFlight {
+    handle: JoinHandle<Result<(), TransportError>>,
+    pub entries: Vec<Entry>,
+    /// The revoke this commit is the final commit of.
+    pub revoke: Option<u64>,
+}
+
+/// At most one commit in flight.
+#[derive(Default)]
+pub(super) struct Committer {
+    in_flight: Option<InFlight>,
+}
+
+impl Committer {
+    pub fn busy(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Sends `commits` in a task of its own, failing it if the transport does not confirm
+    /// within `timeout`.
+    pub fn start(
+        &mut self,
+        control: Arc<dyn SourceControl>,
+        commits: Vec<Commit>,
+        entries: Vec<Entry>,
+        timeout: Duration,
+        revoke: Option<u64>,
+    ) {
+        let handle = tokio::spawn(async move {
+            match tokio::time::timeout(timeout, control.commit(&commits)).await {
+                Ok(result) => result,
+                Err(_) => Err(TransportError::Unavailable(format!(
+                    "the commit was not confirmed within {timeout:?}"
+                ))),
+            }
+        });
+        self.in_flight = Some(InFlight {
+            handle,
+            entries,
+            revoke,
+        });
+    }
+
+    /// Waits for the commit in flight (pending forever when there is none). Cancel-safe.
+    pub async fn done(&mut self) -> (InFlight, Result<(), TransportError>) {
+        let Some(in_flight) = self.in_flight.as_mut() else {
+            return std::future::pending().await;
+        };
+        let result = match (&mut in_flight.handle).await {
+            Ok(result) => result,
+            Err(e) => Err(TransportError::broker("the commit task failed", e)),
+        };
+        match self.in_flight.take() {
+            Some(in_flight) => (in_flight, result),
+            None => std::future::pending().await, // taken just above; cannot happen
+        }
+    }
+}
+
+impl Intake {
+    /// The commits for these slots (all if `None`) that would tell the transport something new.
+    fn pending_commits(&self, only: Option<&[u32]>) -> (Vec<Commit>, Vec<Entry>) {
+        let mut commits = Vec::new();
+        let mut entries = Vec::new();
+        for (slot, state) in self.sources.iter().enumerate() {
+            let Some(state) = state else { continue };
+            if only.is_some_and(|o| !o.contains(&(slot as u32))) || !state.dirty() {
+                continue;
+            }
+            let Some(next) = state.tracker.next() else {
+                continue;
+            };
+            commits.push(Commit {
+                source: state.id.clone(),
+                next,
+                finished_above: if self.wants_above {
+                    state.tracker.finished_above()
+                } else {
+                    Vec::new()
+                },
+            });
+            entries.push(Entry {
+                slot: slot as u32,
+                epoch: state.epoch,
+                next,
+                changes: state.changes,
+            });
+        }
+        (commits, entries)
+    }
+
+    /// Starts a commit of these slots (all if `None`) unless one is in flight or nothing is new.
+    /// Returns true when one was started.
+    pub(super) fn start_commit(
+        &mut self,
+        only: Option<&[u32]>,
+        timeout: Duration,
+        revoke: Option<u64>,
+    ) -> bool {
+        if self.committer.busy() {
+            return false;
+        }
+        let (commits, entries) = self.pending_commits(only);
+        if commits.is_empty() {
+            return false;
+        }
+        tracing::trace!(?commits, "committing");
+        self.committer
+            .start(self.control.clone(), commits, entries, timeout, revoke);
+        true
+    }
+
+    /// When the timed commit is due: `commit_interval` after the last one started, if a source
+    /// has something new to commit and the committer is free.
+    pub(super) fn commit_due_at(&self) -> Option<Instant> {
+        if self.committer.busy() || !self.sources.iter().flatten().any(|s| s.dirty()) {
+            return None;
+        }
+        self.last_commit.checked_add(self.config.commit_interval)
+    }
+
+    /// Starts the periodic commit when it is due and the committer is free.
+    pub(super) fn maybe_commit(&mut self) {
+        let due = self.finished_since_commit >= self.config.commit_every
+            || self.last_commit.elapsed() >= self.config.commit_interval;
+        if !due || self.committer.busy() {
+            return;
+        }
+        self.finished_since_commit = 0;
+        self.last_commit = Instant::now();
+        self.start_commit(None, self.config.commit_timeout, None);
+    }
+
+    /// Applies a commit's answer: confirmed positions are recorded, a failure is retried on a
+    /// later turn, a fatal failure stops the engine.
+    pub(super) fn on_committed(&mut self, commit: InFlight, result: Result<(), TransportError>) -> Turn {
+        match result {
+            Ok(()) => {
+                self.stats.intake.commits.fetch_add(1, Relaxed);
+                for e in &commit.entries {
+                    let Some(state) = self
+                        .sources
+                        .get_mut(e.slot as usize)
+                        .and_then(Option::as_mut)
+                        .filter(|s| s.epoch == e.epoch)
+                    else {
+                        continue; // revoked or lost meanwhile
+                    };
+                    state.committed = Some(e.next);
+                    state.committed_changes = state.committed_changes.max(e.changes);
+                }
+            }
+            Err(e) if e.is_fatal() => return Turn::Fail(EngineError::Transport(e)),
+            Err(e) => {
+                self.metrics.commit_failures.increment(1);
+                tracing::warn!(error = %e, "commit failed; retrying on a later tick");
+            }
+        }
+        if let Some(id) = commit.revoke {
+            self.complete_revoke(id);
+        }
+        Turn::Continue
+    }
+}

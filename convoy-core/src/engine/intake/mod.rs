@@ -1,0 +1,287 @@
+//! The intake: the engine's control task. It takes events from the transport, tracks each
+//! source's watermark, routes messages to shards by key, applies back-pressure, commits, and
+//! runs revokes and the shutdown drain — without ever awaiting a broker inline: commits run
+//! beside it (one at a time, each with a timeout) and a revoke drains while other sources flow.
+//!
+//! By job:
+//! - [`route`]: messages in (watermark tracking, position resets, key → shard);
+//! - [`flow`]: back-pressure (held messages, held bytes, watermark windows);
+//! - [`commit`]: the commit in flight and when to start the next;
+//! - [`revoke`]: revokes, lost sources and their deadlines;
+//! - [`stop`]: the shutdown drain, and stopping on a failure;
+//! - [`tick`]: the stuck-gap check and gauges.
+
+mod commit;
+mod flow;
+mod revoke;
+mod route;
+mod source;
+mod stop;
+mod tick;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use self::commit::Committer;
+use self::revoke::PendingRevoke;
+use self::source::SourceState;
+use self::stop::Stopping;
+use super::shard::{Epochs, ShardCommand, ShardReport, Work};
+use super::stats::EngineStats;
+use super::{EngineError, EngineReport};
+use crate::backpressure::Gate;
+use crate::config::EngineConfig;
+use crate::message::SourceId;
+use crate::metrics::IntakeMetrics;
+use crate::transport::{EventReceiver, SourceControl, SourceEvent, Subscription};
+
+/// Salt for key → shard hashing. Brokers partition by a hash of the key too (Kafka: murmur2);
+/// hashing the keys of one partition again with the same function would pile them onto few
+/// shards, so shards use a different, seeded hash.
+const SHARD_SALT: u64 = 0x636f_6e76_6f79_5348;
+
+/// How long closing the transport may take at the end (leaving the group, joining threads).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `now + d`, saturating far in the future instead of overflowing for huge user durations.
+fn after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
+}
+
+pub(crate) struct Intake {
+    config: EngineConfig,
+    control: Arc<dyn SourceControl>,
+    wants_above: bool,
+    events: EventReceiver,
+    events_open: bool,
+    reports: mpsc::UnboundedReceiver<ShardReport>,
+    shards: Vec<mpsc::UnboundedSender<ShardCommand>>,
+    shard_tasks: JoinSet<()>,
+    sources: Vec<Option<SourceState>>,
+    by_id: HashMap<SourceId, u32>,
+    next_epoch: u64,
+    next_solo: u64,
+    held_total: usize,
+    held_bytes: usize,
+    total_gate: Gate,
+    bytes_gate: Gate,
+    revokes: Vec<PendingRevoke>,
+    next_revoke: u64,
+    committer: Committer,
+    finished_since_commit: usize,
+    last_commit: Instant,
+    stopping: Option<Stopping>,
+    /// The lag query in flight, if any (asked of the transport off the intake's own loop).
+    lag_probe: Option<tokio::task::JoinHandle<()>>,
+    last_lag_probe: Instant,
+    shard_hasher: foldhash::fast::FixedState,
+    routes: Vec<Vec<Work>>,
+    stats: Arc<EngineStats>,
+    metrics: IntakeMetrics,
+    signals: watch::Receiver<u8>,
+    signals_open: bool,
+}
+
+pub(crate) struct IntakeParts {
+    pub config: EngineConfig,
+    pub subscription: Subscription,
+    pub reports: mpsc::UnboundedReceiver<ShardReport>,
+    pub shards: Vec<mpsc::UnboundedSender<ShardCommand>>,
+    pub shard_tasks: JoinSet<()>,
+    pub stats: Arc<EngineStats>,
+    pub signals: watch::Receiver<u8>,
+}
+
+/// What one turn of the loop saw.
+enum Turn {
+    Continue,
+    Fail(EngineError),
+}
+
+impl Intake {
+    pub fn new(parts: IntakeParts) -> Self {
+        let bp = parts.config.back_pressure;
+        let shard_count = parts.shards.len();
+        let control: Arc<dyn SourceControl> = Arc::from(parts.subscription.control);
+        Intake {
+            metrics: IntakeMetrics::new(&parts.config.group),
+            config: parts.config,
+            wants_above: control.wants_finished_above(),
+            control,
+            events: parts.subscription.events,
+            events_open: true,
+            reports: parts.reports,
+            shards: parts.shards,
+            shard_tasks: parts.shard_tasks,
+            sources: Vec::new(),
+            by_id: HashMap::new(),
+            next_epoch: 1,
+            next_solo: 0,
+            held_total: 0,
+            held_bytes: 0,
+            total_gate: Gate::new(bp.total_high, bp.total_low),
+            bytes_gate: Gate::new(bp.total_bytes_high, bp.total_bytes_low),
+            revokes: Vec::new(),
+            next_revoke: 0,
+            committer: Committer::default(),
+            finished_since_commit: 0,
+            last_commit: Instant::now(),
+            stopping: None,
+            lag_probe: None,
+            last_lag_probe: Instant::now(),
+            shard_hasher: foldhash::fast::FixedState::with_seed(SHARD_SALT),
+            routes: (0..shard_count).map(|_| Vec::new()).collect(),
+            stats: parts.stats,
+            signals: parts.signals,
+            signals_open: true,
+        }
+    }
+
+    /// Runs until shutdown is signalled, the transport closes or something fails fatally;
+    /// drains and commits on the way out of a shutdown.
+    pub async fn run(mut self) -> Result<EngineReport, EngineError> {
+        if let Some(revoke_timeout) = self.control.revoke_timeout() {
+            if let Err(e) = self.config.validate_for_revoke_timeout(revoke_timeout) {
+                return self.fail(e.into()).await;
+            }
+        }
+        let period = match self.config.stuck_timeout {
+            Some(stuck) => self
+                .config
+                .commit_interval
+                .min(stuck / 2)
+                .max(Duration::from_millis(1)),
+            None => self.config.commit_interval,
+        };
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            self.take_signals();
+            if self.stop_complete() {
+                return self.finish_stop().await;
+            }
+            let wake = self.next_deadline();
+            let turn = tokio::select! {
+                biased;
+                changed = self.signals.changed(), if self.signals_open => {
+                    // A dropped handle means nobody can ask for shutdown any more: run on.
+                    self.signals_open = changed.is_ok();
+                    Turn::Continue
+                }
+                Some(ended) = self.shard_tasks.join_next() => Turn::Fail(EngineError::Shard(match ended {
+                    Ok(()) => "a shard task ended on its own".to_owned(),
+                    Err(e) => stop::panic_text(e),
+                })),
+                Some(report) = self.reports.recv() => match report {
+                    ShardReport::Completions(batch) => {
+                        self.on_completions(batch);
+                        Turn::Continue
+                    }
+                    ShardReport::Fatal(e) => Turn::Fail(e.into()),
+                },
+                (commit, result) = self.committer.done(), if self.committer.busy() => {
+                    self.on_committed(commit, result)
+                }
+                event = self.events.recv(), if self.events_open => match event {
+                    Some(event) => self.on_event(event).await,
+                    None => {
+                        self.events_open = false;
+                        tracing::info!("transport closed the subscription; draining");
+                        self.begin_stop();
+                        Turn::Continue
+                    }
+                },
+                _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => Turn::Continue,
+                _ = tick.tick() => {
+                    self.on_tick();
+                    Turn::Continue
+                }
+            };
+            if let Turn::Fail(error) = turn {
+                return self.fail(error).await;
+            }
+            self.progress_revokes().await;
+            self.maybe_commit();
+        }
+    }
+
+    fn signal_count(&self) -> u8 {
+        *self.signals.borrow()
+    }
+
+    fn state(&mut self, slot: u32) -> Option<&mut SourceState> {
+        self.sources.get_mut(slot as usize).and_then(Option::as_mut)
+    }
+
+    /// The state of `slot` if it still holds the assignment `epoch`.
+    fn state_of(&self, slot: u32, epoch: u64) -> Option<&SourceState> {
+        self.sources
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .filter(|s| s.epoch == epoch)
+    }
+
+    async fn on_event(&mut self, event: SourceEvent) -> Turn {
+        match event {
+            SourceEvent::Messages { source, messages } => self.on_messages(source, messages),
+            SourceEvent::Assigned(assignments) => {
+                for a in assignments {
+                    self.assign(a).await;
+                }
+                self.apply_flow();
+            }
+            SourceEvent::Revoked {
+                sources,
+                deadline,
+                ack,
+            } => self.begin_revoke(sources, deadline, ack).await,
+            SourceEvent::Lost(sources) => self.lose(sources).await,
+            SourceEvent::Failed(e) => return Turn::Fail(e.into()),
+        }
+        Turn::Continue
+    }
+
+    /// The earliest moment the loop must wake for by itself: a revoke's drain or commit
+    /// deadline, the end of the shutdown drain, or the next timed commit.
+    fn next_deadline(&self) -> Option<Instant> {
+        let revokes = self.revokes.iter().map(PendingRevoke::wake_at);
+        let stop = self.stopping.as_ref().map(|s| s.drain_until);
+        revokes.chain(stop).chain(self.commit_due_at()).min()
+    }
+
+    /// Sends a command to every live shard and collects their replies.
+    async fn ask_shards<T>(&self, command: impl Fn(oneshot::Sender<T>) -> ShardCommand) -> Vec<T> {
+        let mut replies = Vec::with_capacity(self.shards.len());
+        for shard in &self.shards {
+            let (reply, rx) = oneshot::channel();
+            if shard.send(command(reply)).is_ok() {
+                replies.push(rx);
+            }
+        }
+        let mut answers = Vec::with_capacity(replies.len());
+        for rx in replies {
+            // A shard that died without answering has nothing left to report.
+            if let Ok(answer) = rx.await {
+                answers.push(answer);
+            }
+        }
+        answers
+    }
+
+    /// Asks every shard to abort in-flight messages of `epochs`, and waits until every
+    /// aborted handler future was dropped.
+    async fn cancel(&mut self, epochs: Epochs) {
+        self.ask_shards(|reply| ShardCommand::Cancel {
+            epochs: epochs.clone(),
+            reply,
+        })
+        .await;
+    }
+}

@@ -1,0 +1,144 @@
+//! Messages in: each is recorded in its source's watermark tracker, skipped if the offset map
+//! says it finished before, and routed to the shard of its key.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::Ordering::Relaxed;
+
+use tokio::time::Instant;
+
+use super::Intake;
+use crate::config::KeylessPolicy;
+use crate::engine::shard::{LaneKey, ShardCommand, Work};
+use crate::message::{Message, Offset, SourceId};
+
+impl Intake {
+    fn lane_key(&mut self, message: &Message, epoch: u64) -> LaneKey {
+        match (message.ordering_key(), self.config.keyless) {
+            (Some(key), _) => LaneKey::Key(key.clone()),
+            (None, KeylessPolicy::PerSource) => LaneKey::Source(epoch),
+            (None, KeylessPolicy::Unordered | KeylessPolicy::DeadLetter) => {
+                self.next_solo += 1;
+                LaneKey::Solo(self.next_solo)
+            }
+        }
+    }
+
+    pub(super) fn on_messages(&mut self, source: SourceId, messages: Vec<Message>) {
+        let Some(&slot) = self.by_id.get(&source) else {
+            // Fetched under an assignment that has ended: the next owner reads them again.
+            tracing::debug!(%source, count = messages.len(), "ignoring messages of a source not assigned to this consumer");
+            return;
+        };
+        if self.stopping.is_some() || self.sources[slot as usize].as_ref().is_none_or(|s| s.revoking) {
+            // Shutting down, or revoked: uncommitted, so the next owner reads them again.
+            return;
+        }
+        let received = Instant::now();
+        let shard_count = self.shards.len();
+        let (mut routed, mut routed_bytes) = (0usize, 0usize);
+        let wants_above = self.wants_above;
+        for message in messages {
+            let Some(state) = self.sources[slot as usize].as_mut() else {
+                return;
+            };
+            let seq = match state.tracker.receive(message.offset) {
+                Ok(seq) => seq,
+                Err(e) => {
+                    self.reset_position(slot, message.offset, e.last);
+                    let Some(state) = self.sources[slot as usize].as_mut() else {
+                        return;
+                    };
+                    match state.tracker.receive(message.offset) {
+                        Ok(seq) => seq,
+                        Err(e) => {
+                            tracing::error!(%source, error = %e, "offset still out of order after a position reset; skipping the message");
+                            continue;
+                        }
+                    }
+                }
+            };
+            let Some(state) = self.sources[slot as usize].as_mut() else {
+                return;
+            };
+            // Skip offsets known finished (from commit metadata) instead of handling them again.
+            while state
+                .skip
+                .get(state.skip_next)
+                .is_some_and(|&o| o < message.offset)
+            {
+                state.skip_next += 1;
+            }
+            if state.skip.get(state.skip_next) == Some(&message.offset) {
+                state.skip_next += 1;
+                let progress = state.tracker.finish(seq);
+                state.record(progress, wants_above);
+                continue;
+            }
+            let epoch = state.epoch;
+            let check_duplicate = state.rewritten_until.is_none_or(|r| message.offset > r);
+            let weight = message.weight();
+            let lane = self.lane_key(&message, epoch);
+            let shard = match &lane {
+                LaneKey::Key(key) => (self.shard_hasher.hash_one(key) % shard_count as u64) as usize,
+                other => (self.shard_hasher.hash_one(other) % shard_count as u64) as usize,
+            };
+            self.routes[shard].push(Work {
+                message,
+                lane,
+                slot,
+                epoch,
+                seq,
+                weight,
+                check_duplicate,
+                received,
+            });
+            routed += 1;
+            routed_bytes += weight;
+        }
+        if let Some(state) = self.state(slot) {
+            state.held += routed;
+            state.held_bytes += routed_bytes;
+            let window = state.tracker.window_len();
+            self.stats.intake.peak_window.fetch_max(window, Relaxed);
+        }
+        self.held_total += routed;
+        self.held_bytes += routed_bytes;
+        self.metrics.consumed.increment(routed as u64);
+        for (shard, route) in self.routes.iter_mut().enumerate() {
+            if !route.is_empty() {
+                let batch = std::mem::take(route);
+                // A shard only stops when the intake drops it; a dead one is noticed by the
+                // supervision in the main loop, which stops the engine.
+                let _ = self.shards[shard].send(ShardCommand::Work(batch));
+            }
+        }
+        self.publish_held();
+        self.apply_flow();
+    }
+
+    /// The source delivered `offset` at or below `last`, one it delivered before: its log was
+    /// truncated and rewritten (Kafka after an unclean leader election). Everything received at
+    /// or above `offset` is forgotten (what still runs of it finishes, uncounted), the watermark
+    /// moves back below it, and the rewritten messages are taken as new ones.
+    fn reset_position(&mut self, slot: u32, offset: Offset, last: Offset) {
+        let Some(state) = self.state(slot) else {
+            return;
+        };
+        let before = state.tracker.watermark();
+        state.tracker.truncate(offset);
+        state.skip.retain(|&o| o < offset);
+        state.skip_next = state.skip_next.min(state.skip.len());
+        state.rewritten_until = Some(state.rewritten_until.map_or(last, |r| r.max(last)));
+        // The position to commit may have moved back: make sure it is committed again.
+        state.changes += 1;
+        tracing::warn!(
+            source = %state.id,
+            offset,
+            last_received = last,
+            watermark_before = ?before,
+            watermark_now = ?state.tracker.watermark(),
+            "offset went backwards: the source's log was truncated and rewritten; handling it again from there"
+        );
+        self.stats.intake.resets.fetch_add(1, Relaxed);
+    }
+}

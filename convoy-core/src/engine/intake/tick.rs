@@ -1,0 +1,94 @@
+//! The periodic turn: the stuck-gap check and the gauges (active lanes, per-source watermark
+//! and lag — asked of the transport, so lag shows while fetching is paused).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Intake;
+use crate::engine::shard::ShardCommand;
+use crate::message::{Offset, SourceId};
+use crate::metrics::IntakeMetrics;
+
+impl Intake {
+    pub(super) fn on_tick(&mut self) {
+        self.check_stuck();
+        self.report_gauges();
+    }
+
+    /// Dead-letters a source's lowest unfinished message once it held the watermark back
+    /// longer than the stuck timeout.
+    fn check_stuck(&mut self) {
+        let Some(limit) = self.config.stuck_timeout else {
+            return;
+        };
+        let now = Instant::now();
+        let mut stuck = Vec::new();
+        for state in self.sources.iter_mut().flatten() {
+            match state.tracker.lowest_unfinished() {
+                None => state.head_since = None,
+                Some((seq, offset)) => {
+                    let since = match state.head_since {
+                        Some((s, since)) if s == seq => since,
+                        _ => {
+                            state.head_since = Some((seq, now));
+                            now
+                        }
+                    };
+                    let waited = now - since;
+                    if waited >= limit && state.stuck_reported != Some(seq) {
+                        state.stuck_reported = Some(seq);
+                        tracing::error!(source = %state.id, offset, ?waited, "operational failure: the watermark is stuck behind this offset");
+                        stuck.push((state.epoch, seq, waited));
+                    }
+                }
+            }
+        }
+        for (epoch, seq, waited) in stuck {
+            self.metrics.stuck.increment(1);
+            for shard in &self.shards {
+                let _ = shard.send(ShardCommand::Stuck { epoch, seq, waited });
+            }
+        }
+    }
+
+    fn report_gauges(&mut self) {
+        let lanes: usize = self.stats.shards.iter().map(|s| s.lanes.load(Relaxed)).sum();
+        self.metrics.active_lanes.set(lanes as f64);
+        // Lag is asked of the transport (not derived from fetched messages) so it shows while
+        // paused. The query may be a broker round-trip: run it beside the loop, one at a time.
+        let busy = self.lag_probe.as_ref().is_some_and(|probe| !probe.is_finished());
+        if busy || self.last_lag_probe.elapsed() < self.config.commit_interval.max(Duration::from_millis(100))
+        {
+            return;
+        }
+        self.last_lag_probe = Instant::now();
+        let snapshot: Vec<(SourceId, Option<Offset>, Option<Offset>)> = self
+            .sources
+            .iter()
+            .flatten()
+            .map(|s| {
+                (
+                    s.id.clone(),
+                    s.tracker.watermark(),
+                    s.committed.and_then(|n| n.checked_sub(1)),
+                )
+            })
+            .collect();
+        if snapshot.is_empty() {
+            return;
+        }
+        let control = self.control.clone();
+        let group = self.config.group.clone();
+        self.lag_probe = Some(tokio::spawn(async move {
+            let ids: Vec<SourceId> = snapshot.iter().map(|(id, _, _)| id.clone()).collect();
+            let newest = control.last_offsets(&ids).await;
+            for ((id, watermark, committed), newest) in snapshot.iter().zip(newest) {
+                let lag =
+                    newest.map(|n| n.saturating_sub(committed.unwrap_or(0)) + u64::from(committed.is_none()));
+                IntakeMetrics::source_gauges(&group, id.as_str(), *watermark, lag);
+            }
+        }));
+    }
+}

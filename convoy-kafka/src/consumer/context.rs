@@ -1,0 +1,195 @@
+//! The rebalance callback: convoy's side of every assignment change.
+//!
+//! Assign: split each partition's queue off (before librdkafka fetches, so nothing reaches the
+//! main queue), read committed offsets and their offset maps, tell the engine, start the
+//! partition threads. Revoke: stop the partitions' threads (no message of the assignment follows),
+//! send `Revoked` with its deadline and block until the engine acknowledges — drained, cancelled
+//! what still ran, committed — or the deadline passes. Lost: tell the engine, commit nothing.
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use convoy_core::{Assignment, Offset, RevokeAck, SourceEvent, SourceId};
+use rdkafka::consumer::{Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset as KafkaOffset, TopicPartitionList};
+
+use super::partition::PartitionThread;
+use super::{KafkaConsumer, PartitionQueue, Shared, Tp, BROKER_TIMEOUT};
+use crate::convert::source_id;
+use crate::offset_map;
+
+/// The librdkafka context: runs convoy's side of every rebalance.
+pub struct ConvoyContext {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl ClientContext for ConvoyContext {}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+fn sources_of(parts: &[Tp]) -> Vec<SourceId> {
+    parts.iter().map(|(t, p)| source_id(t, *p)).collect()
+}
+
+impl ConvoyContext {
+    fn on_assign(&self, consumer: &KafkaConsumer, tpl: &TopicPartitionList) -> Vec<(Tp, PartitionQueue)> {
+        let shared = &self.shared;
+        let parts = partitions_of(tpl);
+        // A new assignment starts unpaused; the engine re-applies its back-pressure state.
+        shared.set_paused(&parts, false);
+        let Some(owner) = shared.consumer.get().and_then(Weak::upgrade) else {
+            return Vec::new();
+        };
+        // Split before librdkafka starts fetching, so no message of these partitions reaches
+        // the main queue.
+        let queues: Vec<_> = parts
+            .iter()
+            .filter_map(|(t, p)| owner.split_partition_queue(t, *p).map(|q| ((t.clone(), *p), q)))
+            .collect();
+        if queues.len() != parts.len() {
+            tracing::error!(
+                ?parts,
+                "could not split every assigned partition into its own queue"
+            );
+        }
+        let committed = match consumer.committed_offsets(tpl.clone(), BROKER_TIMEOUT) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading committed offsets failed; starting the tracker without them");
+                tpl.clone()
+            }
+        };
+        let assignments = committed
+            .elements()
+            .iter()
+            .map(|e| {
+                let source = source_id(e.topic(), e.partition());
+                match e.offset() {
+                    KafkaOffset::Offset(next) if next >= 0 => {
+                        let next = next as Offset;
+                        Assignment {
+                            source,
+                            committed: next.checked_sub(1),
+                            finished_above: offset_map::decode(next, e.metadata()),
+                        }
+                    }
+                    _ => Assignment::new(source, None),
+                }
+            })
+            .collect();
+        shared.control(SourceEvent::Assigned(assignments));
+        queues
+    }
+
+    fn start_partitions(&self, queues: Vec<(Tp, PartitionQueue)>) {
+        let mut map = self.shared.partitions.lock().unwrap_or_else(|p| p.into_inner());
+        for (tp, queue) in queues {
+            if let Some(thread) = PartitionThread::start(&tp, queue, self.shared.clone()) {
+                map.insert(tp, thread);
+            }
+        }
+    }
+
+    fn on_revoke(&self, consumer: &KafkaConsumer, tpl: &TopicPartitionList) {
+        let shared = &self.shared;
+        let parts = partitions_of(tpl);
+        // No message of this assignment may reach the engine after the revoke event.
+        shared.stop_partitions(&parts);
+        if shared.closing.load(SeqCst) {
+            return; // the engine committed before closing
+        }
+        let sources = sources_of(&parts);
+        if consumer.assignment_lost() {
+            tracing::warn!(?sources, "assignment lost (session expired); not committing");
+            shared.control(SourceEvent::Lost(sources));
+            return;
+        }
+        let deadline = Instant::now() + shared.revoke_timeout;
+        let (ack, mut done) = RevokeAck::new();
+        let event = SourceEvent::Revoked {
+            sources,
+            deadline: tokio::time::Instant::from_std(deadline),
+            ack,
+        };
+        if !shared.control(event) {
+            return;
+        }
+        // Block librdkafka's rebalance until the engine drained and committed, or the deadline
+        // (by which the engine has cancelled whatever of these partitions still ran).
+        let acknowledged = loop {
+            match done.try_recv() {
+                Ok(()) => break true,
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => break false,
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
+                    // Closing means the engine already made its final commit and is waiting for
+                    // this thread to finish: the revoke needs nothing more from it.
+                    if shared.closing.load(SeqCst) {
+                        break true;
+                    }
+                    if Instant::now() >= deadline {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        };
+        if !acknowledged {
+            tracing::error!(
+                timeout = ?shared.revoke_timeout,
+                "the engine did not acknowledge the revoke by its deadline; releasing the partitions (the engine cancels their work by then)"
+            );
+        }
+    }
+}
+
+impl ConsumerContext for ConvoyContext {
+    fn rebalance(&self, consumer: &KafkaConsumer, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let queues = self.on_assign(consumer, tpl);
+                let assigned = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if let Err(e) = assigned {
+                    tracing::error!(error = %e, "assigning partitions failed");
+                }
+                // librdkafka keeps a paused flag across reassignment: start unpaused, the engine
+                // re-applies its own back-pressure state after every assignment.
+                if let Err(e) = consumer.resume(tpl) {
+                    tracing::debug!(error = %e, "resuming newly assigned partitions");
+                }
+                self.start_partitions(queues);
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.on_revoke(consumer, tpl);
+                let released = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(e) = released {
+                    tracing::error!(error = %e, "releasing partitions failed");
+                }
+            }
+            other => {
+                tracing::error!(error = ?other, "rebalance error; dropping the assignment");
+                let all = partitions_of(tpl);
+                self.shared.stop_partitions(&all);
+                self.shared.control(SourceEvent::Lost(sources_of(&all)));
+                if let Err(e) = consumer.unassign() {
+                    tracing::error!(error = %e, "unassigning after a rebalance error failed");
+                }
+            }
+        }
+    }
+}

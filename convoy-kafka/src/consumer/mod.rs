@@ -1,0 +1,236 @@
+//! The Kafka subscription: a consumer-group member whose partitions are convoy sources.
+//!
+//! Threads, because librdkafka's calls block and its rebalance callback must block too:
+//! - the *main* thread polls the consumer's main queue, which serves rebalance callbacks and
+//!   errors (no messages arrive there: every partition is split off before it is assigned);
+//! - one *partition* thread per assigned partition polls its own queue and sends batches to the
+//!   engine, so partitions are independent and a paused or slow one never blocks another.
+//!
+//! By job: [`context`] runs rebalances (assign, revoke with its deadline, lost), `partition`
+//! the partition threads, `control` pause/resume/commit/close.
+//!
+//! Memory: with split queues librdkafka's prefetch limits apply per partition, so they are
+//! derived from the engine's [`PrefetchLimit`] divided over every partition of the subscribed
+//! topics ([`Prefetch`]).
+
+mod context;
+mod control;
+mod partition;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use convoy_core::transport::{event_channel, EventSender};
+use convoy_core::{PrefetchLimit, SourceEvent, Subscription, Transport, TransportError};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::Message as _;
+
+pub use self::context::ConvoyContext;
+use self::control::KafkaControl;
+use self::partition::PartitionThread;
+use crate::config::{KafkaConfig, Prefetch};
+use crate::fatal;
+
+/// Message batches buffered between the consumer threads and the engine (control events
+/// never wait for room).
+pub const EVENT_CAPACITY: usize = 16;
+/// Poll timeout of the consumer threads (also how fast they notice a stop).
+const POLL: Duration = Duration::from_millis(50);
+/// Broker round-trips inside callbacks (committed offsets) give up after this long.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+type KafkaConsumer = BaseConsumer<ConvoyContext>;
+type PartitionQueue = rdkafka::consumer::base_consumer::PartitionQueue<ConvoyContext>;
+/// A topic and partition.
+type Tp = (String, i32);
+
+/// State shared by the callbacks, the threads and the control.
+struct Shared {
+    events: EventSender,
+    consumer: OnceLock<Weak<KafkaConsumer>>,
+    partitions: Mutex<HashMap<Tp, PartitionThread>>,
+    /// Partitions the engine paused. Pausing stops draining the partition's queue; librdkafka
+    /// keeps what it prefetched and stops fetching at its (bounded) queue limits. (librdkafka's
+    /// own pause discards the prefetched messages and refetches them on resume: measured 7×
+    /// slower under back-pressure.)
+    paused: Mutex<HashSet<Tp>>,
+    /// Set when the member is leaving: callbacks stop talking to the engine.
+    closing: AtomicBool,
+    /// Set once the member left: the main poll thread ends.
+    stopped: AtomicBool,
+    /// Set once a fatal error was reported (reported once).
+    failed: AtomicBool,
+    revoke_timeout: Duration,
+    prefetch: Prefetch,
+    /// The offset-map limit in force (lowered to 0 if the broker refuses the metadata size).
+    offset_map_max: AtomicUsize,
+}
+
+impl Shared {
+    /// Sends a control event unless the member is leaving.
+    fn control(&self, event: SourceEvent) -> bool {
+        !self.closing.load(SeqCst) && self.events.control(event).is_ok()
+    }
+
+    /// Reports an error nothing retried can fix (once); the engine stops on it.
+    fn fail(&self, error: TransportError) {
+        if !self.failed.swap(true, SeqCst) {
+            tracing::error!(%error, "Kafka consumer failed");
+            let _ = self.events.control(SourceEvent::Failed(error));
+        }
+    }
+
+    /// Reports `error` if it is fatal; true when it was.
+    fn fail_if_fatal(&self, error: &rdkafka::error::KafkaError, context: &str) -> bool {
+        match fatal::classify(error, context) {
+            Some(fatal) => {
+                self.fail(fatal);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn set_paused(&self, which: &[Tp], paused: bool) {
+        let mut set = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        for tp in which {
+            if paused {
+                set.insert(tp.clone());
+            } else {
+                set.remove(tp);
+            }
+        }
+    }
+
+    fn is_paused(&self, tp: &Tp) -> bool {
+        self.paused.lock().unwrap_or_else(|p| p.into_inner()).contains(tp)
+    }
+
+    fn stop_partitions(&self, which: &[Tp]) {
+        let stopped: Vec<PartitionThread> = {
+            let mut map = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
+            which.iter().filter_map(|tp| map.remove(tp)).collect()
+        };
+        for p in &stopped {
+            p.stop();
+        }
+        for p in stopped {
+            p.join();
+        }
+    }
+}
+
+/// Opens Kafka subscriptions: each `subscribe` joins the group as a new member.
+#[derive(Clone, Debug)]
+pub struct KafkaTransport {
+    config: KafkaConfig,
+}
+
+impl KafkaTransport {
+    /// A transport for `config` (validated here: the error names the bad field).
+    pub fn new(config: KafkaConfig) -> Result<Self, convoy_core::ConfigError> {
+        config.validate()?;
+        Ok(KafkaTransport { config })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    /// How many partitions the subscribed topics have now (at least one): the most this
+    /// member can own, over which the prefetch budget is divided.
+    async fn partition_count(&self) -> Result<usize, TransportError> {
+        let probe: BaseConsumer = self
+            .config
+            .consumer_config()
+            .create()
+            .map_err(|e| TransportError::broker("creating a metadata client", e))?;
+        let topics = self.config.topics.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut total = 0usize;
+            for topic in &topics {
+                let metadata = probe
+                    .fetch_metadata(Some(topic), BROKER_TIMEOUT)
+                    .map_err(|e| TransportError::broker(format!("reading the metadata of {topic}"), e))?;
+                total += metadata
+                    .topics()
+                    .iter()
+                    .filter(|t| t.name() == topic)
+                    .map(|t| t.partitions().len())
+                    .sum::<usize>();
+            }
+            Ok(total.max(1))
+        })
+        .await
+        .map_err(|e| TransportError::broker("reading topic metadata", e))?
+    }
+}
+
+#[async_trait]
+impl Transport for KafkaTransport {
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        self.subscribe_with(PrefetchLimit::default()).await
+    }
+
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
+        let partitions = self.partition_count().await?;
+        let prefetch = Prefetch::divide(limit, partitions);
+        tracing::debug!(partitions, ?prefetch, "prefetch per partition");
+        let (events, rx) = event_channel(EVENT_CAPACITY);
+        let shared = Arc::new(Shared {
+            events,
+            consumer: OnceLock::new(),
+            partitions: Mutex::new(HashMap::new()),
+            paused: Mutex::new(HashSet::new()),
+            closing: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            revoke_timeout: self.config.revoke_timeout(),
+            prefetch,
+            offset_map_max: AtomicUsize::new(self.config.offset_map_max_bytes),
+        });
+        let context = ConvoyContext {
+            shared: shared.clone(),
+        };
+        let consumer: Arc<KafkaConsumer> = Arc::new(
+            self.config
+                .bounded_consumer_config(&prefetch)
+                .create_with_context(context)
+                .map_err(|e| TransportError::broker("creating the Kafka consumer", e))?,
+        );
+        let _ = shared.consumer.set(Arc::downgrade(&consumer));
+        let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(|e| TransportError::broker(format!("subscribing to {topics:?}"), e))?;
+        let poller = consumer.clone();
+        let poll_shared = shared.clone();
+        let main = std::thread::Builder::new()
+            .name("convoy-kafka-main".into())
+            .spawn(move || {
+                while !poll_shared.stopped.load(SeqCst) {
+                    match poller.poll(POLL) {
+                        None => {}
+                        Some(Ok(record)) => tracing::error!(
+                            topic = record.topic(),
+                            partition = record.partition(),
+                            "a message reached the main queue; it is left to the next owner"
+                        ),
+                        Some(Err(e)) if !poll_shared.fail_if_fatal(&e, "Kafka consumer") => {
+                            tracing::warn!(error = %e, "Kafka consumer error");
+                        }
+                        Some(Err(_)) => {} // reported to the engine, which stops
+                    }
+                }
+            })
+            .map_err(|e| TransportError::broker("starting the Kafka poll thread", e))?;
+        Ok(Subscription {
+            events: rx,
+            control: Box::new(KafkaControl::new(consumer, shared, main)),
+        })
+    }
+}
