@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use convoy::dlq::{self, DeadLetterRecord, Selection};
-use convoy::{
-    Connection, Engine, EngineConfig, Handler, OutgoingMessage, RetryPolicy, StatsSnapshot, Transport,
-};
+use convoy::{Connection, Engine, EngineConfig, Handler, OutgoingMessage, RetryPolicy, StatsSnapshot};
 
 /// Any error of an example, printed as one line.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -72,13 +70,19 @@ impl Example {
             })
             .dead_letter_sink(self.connection.dead_letter_sink()?)
             .build()?;
-        let running = engine.spawn(self.connection.subscribe().await?);
+        let running = engine.start(&self.connection).await?;
         let deadline = Instant::now() + Duration::from_secs(120);
         while {
             let s = running.stats();
             s.handled + s.dead_lettered < expected
         } {
-            if Instant::now() > deadline || running.is_finished() {
+            if running.is_finished() {
+                running.join().await?;
+                return Err(
+                    format!("{}: the engine stopped before every message finished", self.name).into(),
+                );
+            }
+            if Instant::now() > deadline {
                 return Err(format!("{}: not every message finished within 120 s", self.name).into());
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

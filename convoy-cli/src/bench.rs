@@ -15,6 +15,7 @@ use crate::settings::connect;
 
 /// The scenario the arguments describe.
 pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
+    let memory_bound = args.scenario == ScenarioName::MemoryBound;
     let (messages, keys, transient, load) = match args.scenario {
         ScenarioName::Seed => (50_000, 10, 0.1, Load::Live { rate: args.rate }),
         ScenarioName::SeedLoad => {
@@ -32,6 +33,7 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
             args.rate
                 .map_or(Load::Prefill, |rate| Load::Live { rate: Some(rate) }),
         ),
+        ScenarioName::MemoryBound => (48_000, 480, 0.0, Load::Prefill),
     };
     let transient_rate = args.transient_rate.unwrap_or(transient);
     if !(0.0..=1.0).contains(&transient_rate) {
@@ -39,14 +41,27 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
             "--transient-rate must be between 0 and 1, got {transient_rate}"
         ));
     }
-    let work_ms = args.work_ms.unwrap_or(0.0);
+    let work_ms = args.work_ms.unwrap_or(if memory_bound { 5.0 } else { 0.0 });
     if !(0.0..=60_000.0).contains(&work_ms) {
         return Err(format!("--work-ms must be between 0 and 60000, got {work_ms}"));
+    }
+    let mut back_pressure = convoy::BackPressure::default();
+    if memory_bound {
+        back_pressure.window_high = 256;
+        back_pressure.window_low = 128;
     }
     Ok(Scenario {
         messages: args.messages.unwrap_or(messages).max(1),
         keys: args.keys.unwrap_or(keys).max(1),
-        partitions: args.partitions.max(1),
+        partitions: args
+            .partitions
+            .unwrap_or(if memory_bound { 48 } else { 8 })
+            .max(1),
+        payload_bytes: args
+            .payload_bytes
+            .unwrap_or(if memory_bound { 16 << 10 } else { 0 }),
+        hold_one_key: memory_bound,
+        back_pressure,
         shards: args.shards,
         latency: if work_ms > 0.0 {
             Latency::Fixed(Duration::from_secs_f64(work_ms / 1000.0))

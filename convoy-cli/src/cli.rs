@@ -70,9 +70,13 @@ pub enum ScenarioName {
     /// 1,000 keys at an offered rate (--rate) for a duration (--duration): was the rate held,
     /// what is the latency tail.
     SeedLoad,
-    /// Your numbers: --messages, --keys, --work-ms, --transient-rate, and --rate for a live
-    /// producer (without it the topic is filled first, then drained).
+    /// Your numbers: --messages, --keys, --work-ms, --transient-rate, --payload-bytes, and
+    /// --rate for a live producer (without it the topic is filled first, then drained).
     Custom,
+    /// Memory bounds: 48,000 messages of 16 KiB on 48 partitions, 480 keys, 5 ms of work each,
+    /// one key blocked until every other source is done, watermark windows bounded at 256:
+    /// peak resident memory against the bound the back-pressure configuration implies.
+    MemoryBound,
 }
 
 /// `convoy bench`.
@@ -93,15 +97,18 @@ pub struct BenchArgs {
     /// seed-load: seconds to offer the rate for.
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
-    /// Partitions of the benchmark topic.
-    #[arg(long, default_value_t = 8)]
-    pub partitions: u32,
+    /// Partitions of the benchmark topic (memory-bound: 48).
+    #[arg(long)]
+    pub partitions: Option<u32>,
     /// Milliseconds of async work per message (a timer, not CPU).
     #[arg(long)]
     pub work_ms: Option<f64>,
     /// Fraction of messages failing transiently once (retried in their lane).
     #[arg(long)]
     pub transient_rate: Option<f64>,
+    /// Pad every payload to this many bytes.
+    #[arg(long)]
+    pub payload_bytes: Option<usize>,
     /// Engine shards (0: four per CPU).
     #[arg(long, default_value_t = 0)]
     pub shards: usize,

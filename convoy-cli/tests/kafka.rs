@@ -195,7 +195,7 @@ fn handled_total(metrics: &str) -> f64 {
 fn scrape(addr: &str) -> String {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();

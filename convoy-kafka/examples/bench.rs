@@ -192,6 +192,7 @@ async fn transport_only(bed: &KafkaBed, scenario: &Scenario) -> Result<ScenarioR
         &OrderChecker::new(),
         scenario.messages,
         scenario.keys,
+        scenario.payload_bytes,
     )
     .await
     .map_err(|e| e.to_string())?;

@@ -1,7 +1,8 @@
 //! Test messages and the handlers that check them.
 //!
 //! A probe message carries its per-key sequence number as its payload (ASCII decimal, which is
-//! also valid JSON), so a handler can tell the checker exactly which message it handled.
+//! also valid JSON), so a handler can tell the checker exactly which message it handled. It may
+//! be padded with spaces to a given size (still valid JSON), to weigh like real payloads.
 //! [`ProbeHandler`] records into an [`OrderChecker`] and injects faults from a [`FaultPlan`]:
 //! transient or terminal errors at a rate or on chosen messages, panics, latency, and keys
 //! held until released (hangs).
@@ -24,10 +25,12 @@ use crate::checker::OrderChecker;
 
 /// The sequence number a probe payload carries, if it is one.
 pub fn decode_seq(payload: &[u8]) -> Option<u64> {
-    if payload.is_empty() || payload.len() > 20 {
+    let end = payload.iter().rposition(|b| *b != b' ').map_or(0, |i| i + 1);
+    let digits = &payload[..end];
+    if digits.is_empty() || digits.len() > 20 {
         return None;
     }
-    payload.iter().try_fold(0u64, |acc, b| {
+    digits.iter().try_fold(0u64, |acc, b| {
         let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
         acc.checked_mul(10)?.checked_add(u64::from(digit))
     })
@@ -70,13 +73,15 @@ pub async fn publish_probe(
 }
 
 /// Builds many probe messages with few allocations: keys and payloads are slices of shared
-/// chunks, so a million messages cost a few hundred allocations, not millions.
+/// chunks, so a million messages cost a few hundred allocations, not millions. Payloads are
+/// padded with spaces to `payload_bytes` when it is longer than the number.
 pub fn probe_batch(
     checker: &OrderChecker,
     prefix: &str,
     keys: usize,
     from: usize,
     count: usize,
+    payload_bytes: usize,
 ) -> Vec<OutgoingMessage> {
     let mut buf = BytesMut::with_capacity(count * (prefix.len() + 16));
     let mut spans = Vec::with_capacity(count);
@@ -96,7 +101,9 @@ pub fn probe_batch(
         let key = keys_buf.slice(s..e);
         let seq = checker.expect(&key);
         let start = payloads.len();
-        payloads.put_slice(seq.to_string().as_bytes());
+        let digits = seq.to_string();
+        payloads.put_slice(digits.as_bytes());
+        payloads.put_bytes(b' ', payload_bytes.saturating_sub(digits.len()));
         payload_spans.push((key, start, payloads.len()));
     }
     let payloads = Bytes::copy_from_slice(&payloads);
@@ -410,12 +417,15 @@ mod tests {
         assert_eq!(decode_seq(b"18446744073709551616"), None);
         assert_eq!(decode_seq(b""), None);
         assert_eq!(decode_seq(b"{\"x\":1}"), None);
+        assert_eq!(decode_seq(b"42      "), Some(42), "padded payloads");
+        assert_eq!(decode_seq(b"   "), None);
     }
 
     #[test]
     fn probe_batch_registers_in_key_order() {
         let c = OrderChecker::new();
-        let batch = probe_batch(&c, "k", 3, 0, 7);
+        let batch = probe_batch(&c, "k", 3, 0, 7, 16);
+        assert!(batch.iter().all(|m| m.payload.len() == 16));
         let got: Vec<(String, u64)> = batch
             .iter()
             .map(|m| {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use convoy::{typed, Delivery, Engine, HandlerError, OutgoingMessage, Transport};
+use convoy::{typed, Delivery, Engine, HandlerError, OutgoingMessage};
 
 #[derive(serde::Deserialize)]
 struct Entry {
@@ -38,7 +38,7 @@ async fn ledger(url: &str, topic: &str) -> Result<HashMap<String, i64>, Box<dyn 
     let engine = Engine::builder(handler)
         .dead_letter_sink(connection.dead_letter_sink()?)
         .build()?;
-    let running = engine.spawn(connection.subscribe().await?);
+    let running = engine.start(&connection).await?; // joins the group; prefetch follows the engine's bounds
     let publisher = connection.publisher(topic)?;
     for (account, cents) in (0..100).flat_map(|a| [(a, 500), (a, -300), (a, -200)]) {
         let entry = OutgoingMessage::new(format!("acct-{account}"), format!(r#"{{"cents":{cents}}}"#));

@@ -76,33 +76,65 @@ pub struct KafkaTarget {
     create: Option<TopicCreator>,
 }
 
+/// What the mock cluster's thread is asked to do.
+enum MockRequest {
+    CreateTopic(String, i32),
+    /// Fail the next requests of an API with these errors, in order.
+    RequestErrors(rdkafka::types::RDKafkaApiKey, Vec<rdkafka::types::RDKafkaRespErr>),
+}
+
 /// librdkafka's in-process mock cluster (one per test binary), kept alive on its own thread (it
 /// is not `Send`) and listening on the loopback like a broker. It keeps commit metadata and
 /// implements the group protocols fully, but has no CreateTopics: topics are created through
 /// the returned function.
 pub fn mock_cluster() -> (String, TopicCreator) {
-    type Request = (String, i32, std::sync::mpsc::Sender<()>);
-    static MOCK: std::sync::OnceLock<(String, std::sync::mpsc::Sender<Request>)> = std::sync::OnceLock::new();
-    let (bootstrap, requests) = MOCK.get_or_init(|| {
+    let (bootstrap, requests) = mock();
+    let create: TopicCreator = Arc::new(move |topic: &str, partitions: i32| {
+        let (done, wait) = std::sync::mpsc::channel();
+        requests
+            .send((MockRequest::CreateTopic(topic.to_owned(), partitions), done))
+            .unwrap();
+        wait.recv().unwrap();
+    });
+    (bootstrap, create)
+}
+
+/// Makes the mock cluster fail the next requests of `api` with `errors` (in order).
+pub fn mock_request_errors(api: rdkafka::types::RDKafkaApiKey, errors: &[rdkafka::types::RDKafkaRespErr]) {
+    let (_, requests) = mock();
+    let (done, wait) = std::sync::mpsc::channel();
+    requests
+        .send((MockRequest::RequestErrors(api, errors.to_vec()), done))
+        .unwrap();
+    wait.recv().unwrap();
+}
+
+type Mock = (
+    String,
+    std::sync::mpsc::Sender<(MockRequest, std::sync::mpsc::Sender<()>)>,
+);
+
+fn mock() -> Mock {
+    static MOCK: std::sync::OnceLock<Mock> = std::sync::OnceLock::new();
+    MOCK.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
-        let (req_tx, req_rx) = std::sync::mpsc::channel::<Request>();
+        let (req_tx, req_rx) = std::sync::mpsc::channel::<(MockRequest, std::sync::mpsc::Sender<()>)>();
         std::thread::spawn(move || {
             let mock = rdkafka::mocking::MockCluster::new(1).unwrap();
             tx.send(mock.bootstrap_servers()).unwrap();
-            for (topic, partitions, done) in req_rx {
-                mock.create_topic(&topic, partitions, 1).unwrap();
+            for (request, done) in req_rx {
+                match request {
+                    MockRequest::CreateTopic(topic, partitions) => {
+                        mock.create_topic(&topic, partitions, 1).unwrap()
+                    }
+                    MockRequest::RequestErrors(api, errors) => mock.request_errors(api, &errors),
+                }
                 let _ = done.send(());
             }
         });
         (rx.recv().unwrap(), req_tx)
-    });
-    let requests = requests.clone();
-    let create: TopicCreator = Arc::new(move |topic: &str, partitions: i32| {
-        let (done, wait) = std::sync::mpsc::channel();
-        requests.send((topic.to_owned(), partitions, done)).unwrap();
-        wait.recv().unwrap();
-    });
-    (bootstrap.clone(), create)
+    })
+    .clone()
 }
 
 impl KafkaTarget {
@@ -263,9 +295,11 @@ impl TestBed for KafkaBed {
 #[async_trait]
 impl ConformanceTarget for KafkaTarget {
     fn capabilities(&self) -> Capabilities {
-        // librdkafka prefetches up to queued.min.messages (100,000 by default) per partition.
+        // A paused partition's thread stops taking from librdkafka: what may still reach the
+        // engine is the batches queued in the event channel plus one batch per partition thread
+        // (the suite's beds have at most 4 partitions).
         Capabilities {
-            max_prefetch: 100_000,
+            max_prefetch: (convoy_kafka::consumer::EVENT_CAPACITY + 4) * convoy_kafka::Prefetch::MAX_BATCH,
         }
     }
 

@@ -19,12 +19,13 @@ const PREFILL_BATCH: usize = 16_384;
 /// Most messages sent in one live step when unthrottled.
 const LIVE_BURST: usize = 4_096;
 
-/// Publishes `messages` probes over `keys` keys.
+/// Publishes `messages` probes over `keys` keys, each payload padded to `payload_bytes`.
 pub async fn prefill(
     publisher: &dyn Publisher,
     checker: &OrderChecker,
     messages: u64,
     keys: usize,
+    payload_bytes: usize,
 ) -> Result<(), TransportError> {
     let total = messages as usize;
     let mut from = 0usize;
@@ -33,7 +34,7 @@ pub async fn prefill(
         let mut batch = Vec::with_capacity(end - from);
         while from < end {
             let count = CHUNK.min(end - from);
-            batch.extend(probe_batch(checker, "key-", keys, from, count));
+            batch.extend(probe_batch(checker, "key-", keys, from, count, payload_bytes));
             from += count;
         }
         publisher.publish_all(batch).await?;
@@ -50,6 +51,7 @@ pub(super) async fn live(
     messages: u64,
     keys: usize,
     rate: Option<f64>,
+    payload_bytes: usize,
 ) -> Result<f64, TransportError> {
     let total = messages as usize;
     let start = Instant::now();
@@ -66,7 +68,7 @@ pub(super) async fn live(
         }
         let count = (due - sent).min(LIVE_BURST);
         let stamp = unix_micros().to_string();
-        let batch = probe_batch(&checker, "key-", keys, sent, count)
+        let batch = probe_batch(&checker, "key-", keys, sent, count, payload_bytes)
             .into_iter()
             .map(|m| m.header(SENT_AT_HEADER, stamp.clone()))
             .collect();

@@ -10,6 +10,10 @@
 //!
 //! After the engine's run the baseline drains the same topic with a bare client in the same
 //! process, so the ratio survives a noisy machine.
+//!
+//! For memory bounds a scenario may pad payloads and block one key (its handler waits until
+//! every message of the other sources finished): the report then shows the peak resident
+//! memory of the consuming phase against the bound the back-pressure configuration implies.
 
 mod load;
 mod report;
@@ -24,7 +28,7 @@ use convoy_core::{
 };
 
 pub use load::prefill;
-pub use report::{bench_main, peak_rss_mb, rss_mb, Measured, ScenarioReport};
+pub use report::{bench_main, peak_rss_mb, reset_peak_rss, rss_mb, Measured, ScenarioReport};
 
 use crate::checker::OrderChecker;
 use crate::probe::{FaultPlan, Latency, ProbeHandler, RecordingSink};
@@ -67,6 +71,11 @@ pub struct Scenario {
     pub load: Load,
     /// Run the bare baseline too.
     pub baseline: bool,
+    /// Pad each payload to this many bytes (0: the bare sequence number).
+    pub payload_bytes: usize,
+    /// Block one key (`key-0`): its handler waits until every message outside its source
+    /// finished, so that source's watermark window fills behind a stuck head.
+    pub hold_one_key: bool,
     /// Give up waiting after this long.
     pub limit: Duration,
 }
@@ -85,6 +94,8 @@ impl Default for Scenario {
             back_pressure: BackPressure::default(),
             load: Load::Prefill,
             baseline: true,
+            payload_bytes: 0,
+            hold_one_key: false,
             limit: Duration::from_secs(600),
         }
     }
@@ -140,21 +151,25 @@ pub async fn run(
             &checker,
             scenario.messages,
             scenario.keys,
+            scenario.payload_bytes,
         )
         .await
         .map_err(|e| format!("filling the topic failed: {e}"))?;
     }
     let rss_before = rss_mb();
-    let handler = ProbeHandler::with_faults(
-        checker.clone(),
-        FaultPlan {
-            seed: scenario.seed,
-            transient_rate: scenario.transient_rate,
-            transient_attempts: 1,
-            latency: scenario.latency,
-            ..FaultPlan::default()
-        },
-    );
+    // From here on the peak measures consumption, not what filling the topic took.
+    reset_peak_rss();
+    let mut plan = FaultPlan {
+        seed: scenario.seed,
+        transient_rate: scenario.transient_rate,
+        transient_attempts: 1,
+        latency: scenario.latency,
+        ..FaultPlan::default()
+    };
+    let held = scenario
+        .hold_one_key
+        .then(|| hold_one_key(&mut plan, checker.clone(), scenario, bed.partitions()));
+    let handler = ProbeHandler::with_faults(checker.clone(), plan);
     let config = EngineConfig {
         group: bed.group().to_owned(),
         shards: scenario.shards,
@@ -193,6 +208,7 @@ pub async fn run(
                 scenario.messages,
                 scenario.keys,
                 rate,
+                scenario.payload_bytes,
             )))
         }
     };
@@ -200,6 +216,9 @@ pub async fn run(
     let completed = wait_with_progress(&checker, scenario, progress).await;
     let elapsed = started.elapsed().as_secs_f64();
     let engine_report = running.stop().await.map_err(|e| e.to_string())?;
+    if let Some(releaser) = held {
+        releaser.abort();
+    }
     let produced_rate = match producer {
         Some(task) => Some(
             task.await
@@ -225,11 +244,41 @@ pub async fn run(
         stats: engine_report.stats,
         baseline_msg_s: baseline,
         rss_before_mb: rss_before,
+        back_pressure: scenario.back_pressure,
     });
     if let Load::Live { rate } = scenario.load {
         report.set_offered(rate, produced_rate.unwrap_or(0.0));
     }
     Ok(report)
+}
+
+/// Holds `key-0` in `plan` and releases it once every message outside its source finished;
+/// returns the task that watches for that.
+fn hold_one_key(
+    plan: &mut FaultPlan,
+    checker: Arc<OrderChecker>,
+    scenario: &Scenario,
+    partitions: u32,
+) -> tokio::task::JoinHandle<()> {
+    let key = crate::probe::probe_key("key-", 0);
+    let partition = convoy_core::partitioner::partition_for_key(&key, partitions);
+    // Messages go round-robin over the keys: key k gets messages k, k + keys, …
+    let keys = scenario.keys.max(1) as u64;
+    let same_source = (0..scenario.keys)
+        .filter(|&k| {
+            convoy_core::partitioner::partition_for_key(&crate::probe::probe_key("key-", k), partitions)
+                == partition
+        })
+        .map(|k| scenario.messages / keys + u64::from((k as u64) < scenario.messages % keys))
+        .sum::<u64>();
+    let latch = plan.hold_key(key);
+    let elsewhere = scenario.messages - same_source;
+    tokio::spawn(async move {
+        checker
+            .wait_for(Duration::from_secs(3600), |c| c.finished() >= elsewhere)
+            .await;
+        latch.release();
+    })
 }
 
 async fn wait_with_progress(checker: &OrderChecker, scenario: &Scenario, progress: Progress<'_>) -> bool {

@@ -46,6 +46,17 @@ pub struct ScenarioReport {
     pub rss_after_prefill_mb: f64,
     /// Most messages the engine held at once.
     pub peak_held: usize,
+    /// Most bytes (keys, payloads, headers) the engine held at once, MiB.
+    pub peak_held_mb: f64,
+    /// The longest watermark window of any source, in offsets.
+    pub peak_window: usize,
+    /// The memory the back-pressure configuration allows beyond the process's own: what the
+    /// engine may hold (`total_bytes_high`) plus what the broker client may prefetch
+    /// (the prefetch limit derived from it), MiB.
+    pub configured_bound_mb: f64,
+    /// How far resident memory grew over `rss_after_prefill_mb` while consuming, MiB: to
+    /// compare with `configured_bound_mb`.
+    pub rss_growth_mb: f64,
     /// Whether every message finished before the limit.
     pub completed: bool,
     /// Live load: the rate asked for, msg/s (absent when unthrottled or prefilled).
@@ -79,6 +90,8 @@ pub struct Measured<'a> {
     pub baseline_msg_s: f64,
     /// Resident memory before the engine started, MiB.
     pub rss_before_mb: f64,
+    /// The bounds the engine ran with.
+    pub back_pressure: convoy_core::BackPressure,
 }
 
 impl ScenarioReport {
@@ -87,6 +100,9 @@ impl ScenarioReport {
         let check = m.checker.report();
         let (p50, p95, p99, p999) = m.checker.latency_percentiles_us();
         let throughput = m.messages as f64 / m.elapsed_s;
+        let mib = |bytes: usize| bytes as f64 / f64::from(1 << 20);
+        let bound = m.back_pressure.total_bytes_high + m.back_pressure.prefetch_limit().bytes;
+        let peak_rss = peak_rss_mb();
         ScenarioReport {
             transport: m.transport.to_owned(),
             messages: m.messages,
@@ -108,9 +124,13 @@ impl ScenarioReport {
             } else {
                 0.0
             },
-            peak_rss_mb: peak_rss_mb(),
+            peak_rss_mb: peak_rss,
             rss_after_prefill_mb: m.rss_before_mb,
             peak_held: m.stats.peak_held,
+            peak_held_mb: mib(m.stats.peak_held_bytes),
+            peak_window: m.stats.peak_window,
+            configured_bound_mb: mib(bound),
+            rss_growth_mb: (peak_rss - m.rss_before_mb).max(0.0),
             completed: m.completed,
             offered_rate_msg_s: None,
             produced_rate_msg_s: None,
@@ -162,6 +182,20 @@ impl ScenarioReport {
             ),
             ("ratio to baseline", format!("{:.3}", self.ratio_to_baseline)),
             ("peak RSS", format!("{:.1} MiB", self.peak_rss_mb)),
+            (
+                "RSS growth / configured bound",
+                format!(
+                    "{:.1} MiB / {:.1} MiB",
+                    self.rss_growth_mb, self.configured_bound_mb
+                ),
+            ),
+            (
+                "peak held / window",
+                format!(
+                    "{} messages, {:.1} MiB / {} offsets",
+                    self.peak_held, self.peak_held_mb, self.peak_window
+                ),
+            ),
             (
                 "result",
                 if self.passed() {
@@ -231,6 +265,12 @@ where
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Starts measuring the peak resident set size afresh from now (Linux: `clear_refs` 5); no
+/// effect where unsupported.
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// Peak resident set size of this process in MiB (Linux `VmHWM`), 0 if unknown.
