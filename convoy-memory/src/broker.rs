@@ -75,6 +75,15 @@ impl Record {
         }
     }
 
+    fn weight(&self) -> usize {
+        self.key.as_ref().map_or(0, Bytes::len)
+            + self.payload.len()
+            + self
+                .headers
+                .as_deref()
+                .map_or(0, |h| h.iter().map(|(n, v)| n.len() + v.len()).sum())
+    }
+
     fn to_message(&self, source: &SourceId) -> Message {
         Message {
             key: self.key.clone(),
@@ -419,11 +428,13 @@ impl MemoryBroker {
             .unwrap_or_default()
     }
 
-    /// Joins `group` on `topics` as a new member; returns its id and event stream.
+    /// Joins `group` on `topics` as a new member whose batches weigh at most `batch_bytes`
+    /// (beyond their first message); returns its id and event stream.
     pub(crate) fn join(
         &self,
         group: &str,
         topics: &[String],
+        batch_bytes: usize,
     ) -> Result<(u64, EventReceiver), TransportError> {
         let (tx, rx) = event_channel(EVENT_CAPACITY);
         let wake = Arc::new(Notify::new());
@@ -455,7 +466,7 @@ impl MemoryBroker {
             (id, revokes)
         };
         self.await_revokes(revokes);
-        tokio::spawn(self.clone().member_loop(id, tx, wake));
+        tokio::spawn(self.clone().member_loop(id, tx, wake, batch_bytes));
         Ok((id, rx))
     }
 
@@ -614,7 +625,7 @@ impl MemoryBroker {
     /// source with data, taken under one lock so events reach the engine in a consistent
     /// order. One batch per round keeps what arrives after a pause to at most the
     /// `EVENT_CAPACITY` queued batches plus the one held while waiting to send.
-    async fn member_loop(self, id: u64, tx: EventSender, wake: Arc<Notify>) {
+    async fn member_loop(self, id: u64, tx: EventSender, wake: Arc<Notify>, batch_bytes: usize) {
         let mut next_partition = 0usize;
         loop {
             let data = self.inner.data.notified();
@@ -644,9 +655,15 @@ impl MemoryBroker {
                         continue;
                     };
                     let source = source_id(topic, *partition);
+                    let mut weight = 0usize;
                     let messages: Vec<Message> = p
                         .log
                         .read_from(cursor.next, faults.max_batch.max(1))
+                        .take_while(|r| {
+                            let fits = weight < batch_bytes;
+                            weight += r.weight();
+                            fits
+                        })
                         .map(|r| r.to_message(&source))
                         .collect();
                     let Some(last) = messages.last() else {

@@ -1,11 +1,11 @@
 //! The memory transport: convoy's transport contract over [`MemoryBroker`], so handlers run
-//! with no broker process. Its prefetch is small by design (a few batches per member), so it
-//! needs no prefetch limit.
+//! with no broker process. It prefetches a few batches per member by design; the prefetch limit
+//! bounds what each batch weighs.
 
 use async_trait::async_trait;
 use convoy_core::{
-    Commit, DeadLetter, DeadLetterSink, Offset, OutgoingMessage, Publisher, Receipt, SourceControl, SourceId,
-    Subscription, Transport, TransportError,
+    Commit, DeadLetter, DeadLetterSink, Offset, OutgoingMessage, PrefetchLimit, Publisher, Receipt,
+    SourceControl, SourceId, Subscription, Transport, TransportError,
 };
 
 use crate::broker::MemoryBroker;
@@ -32,7 +32,14 @@ impl MemoryTransport {
 #[async_trait]
 impl Transport for MemoryTransport {
     async fn subscribe(&self) -> Result<Subscription, TransportError> {
-        let (member, events) = self.broker.join(&self.group, &self.topics)?;
+        self.subscribe_with(PrefetchLimit::default()).await
+    }
+
+    /// Joins with batches of at most `limit.bytes / 64` (the member keeps a few batches ahead of
+    /// the engine: their weight is what this bounds).
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
+        let batch_bytes = (limit.bytes / 64).max(64 << 10);
+        let (member, events) = self.broker.join(&self.group, &self.topics, batch_bytes)?;
         Ok(Subscription {
             events,
             control: Box::new(MemoryControl {

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::{field, Instrument};
 
+use super::slots::CallSlots;
 use super::stats::ShardStats;
 use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 use crate::handler::{Delivery, ErrorClass, Handler, HandlerError};
@@ -89,7 +89,7 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
 pub(crate) async fn process(
     ctx: Arc<LaneContext>,
     stats: Arc<ShardStats>,
-    calls: Option<Arc<Semaphore>>,
+    calls: Option<Arc<CallSlots>>,
     message: Arc<Message>,
     check_duplicate: bool,
     received: Instant,
@@ -127,7 +127,7 @@ pub(crate) async fn process(
 struct Lane<'a> {
     ctx: &'a LaneContext,
     stats: &'a ShardStats,
-    calls: Option<&'a Semaphore>,
+    calls: Option<&'a CallSlots>,
     check_duplicate: bool,
 }
 
@@ -173,9 +173,8 @@ impl Lane<'_> {
             span.record("attempt", attempt);
             let started = Instant::now();
             let result = {
-                // A closed semaphore cannot happen (the shard owns it); run unlimited if it did.
                 let _call = match self.calls {
-                    Some(calls) => calls.acquire().await.ok(),
+                    Some(calls) => Some(calls.acquire().await),
                     None => None,
                 };
                 attempt_once(ctx, Delivery::received_at(message.clone(), attempt, received)).await

@@ -10,6 +10,7 @@
 mod intake;
 mod lane;
 mod shard;
+mod slots;
 mod stats;
 
 use std::collections::BTreeMap;

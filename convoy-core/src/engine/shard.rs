@@ -20,10 +20,11 @@ use bytes::Bytes;
 use futures_util::future::{AbortHandle, Abortable, Aborted};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::lane::{self, LaneContext, Outcome};
+use super::slots::CallSlots;
 use super::stats::ShardStats;
 use crate::message::Message;
 use crate::transport::TransportError;
@@ -161,7 +162,7 @@ struct Launcher {
     ctx: Arc<LaneContext>,
     stats: Arc<ShardStats>,
     /// This shard's share of `max_in_flight` handler calls, if limited.
-    calls: Option<Arc<Semaphore>>,
+    calls: Option<Arc<CallSlots>>,
     next_ticket: u64,
 }
 
@@ -248,7 +249,7 @@ impl Shard {
                 running: FuturesUnordered::new(),
                 ctx,
                 stats,
-                calls: max_calls.map(|n| Arc::new(Semaphore::new(n))),
+                calls: max_calls.map(|n| Arc::new(CallSlots::new(n))),
                 next_ticket: 0,
             },
             pending: Vec::new(),

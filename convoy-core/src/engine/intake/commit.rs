@@ -140,24 +140,32 @@ impl Intake {
         true
     }
 
-    /// When the timed commit is due: `commit_interval` after the last one started, if a source
-    /// has something new to commit and the committer is free.
-    pub(super) fn commit_due_at(&self) -> Option<Instant> {
-        if self.committer.busy() || !self.sources.iter().flatten().any(|s| s.dirty()) {
-            return None;
-        }
-        self.last_commit.checked_add(self.config.commit_interval)
-    }
-
-    /// Starts the periodic commit when it is due and the committer is free.
+    /// Starts the periodic commit when it is due (by count, or by time) and the committer is
+    /// free.
     pub(super) fn maybe_commit(&mut self) {
         let due = self.finished_since_commit >= self.config.commit_every
             || self.last_commit.elapsed() >= self.config.commit_interval;
-        if !due || self.committer.busy() {
-            return;
+        if due && !self.committer.busy() {
+            self.commit_now();
         }
+    }
+
+    /// The commit timer fired: commit now, or once the commit in flight is answered.
+    pub(super) fn timed_commit(&mut self) {
+        if self.committer.busy() {
+            // `maybe_commit` starts it after the answer (the interval has passed by then).
+            let next = Instant::now() + self.config.commit_interval;
+            self.commit_timer.as_mut().reset(next);
+        } else {
+            self.commit_now();
+        }
+    }
+
+    fn commit_now(&mut self) {
         self.finished_since_commit = 0;
         self.last_commit = Instant::now();
+        let next = super::after(self.config.commit_interval);
+        self.commit_timer.as_mut().reset(next);
         self.start_commit(None, self.config.commit_timeout, None);
     }
 

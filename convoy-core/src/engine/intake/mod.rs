@@ -77,6 +77,9 @@ pub(crate) struct Intake {
     committer: Committer,
     finished_since_commit: usize,
     last_commit: Instant,
+    /// Fires `commit_interval` after the last commit started. One timer, reset per commit: a
+    /// timer created per loop turn costs more than the engine's whole per-message work.
+    commit_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     stopping: Option<Stopping>,
     /// The lag query in flight, if any (asked of the transport off the intake's own loop).
     lag_probe: Option<tokio::task::JoinHandle<()>>,
@@ -108,6 +111,7 @@ enum Turn {
 impl Intake {
     pub fn new(parts: IntakeParts) -> Self {
         let bp = parts.config.back_pressure;
+        let commit_timer = Box::pin(tokio::time::sleep_until(after(parts.config.commit_interval)));
         let shard_count = parts.shards.len();
         let control: Arc<dyn SourceControl> = Arc::from(parts.subscription.control);
         Intake {
@@ -133,6 +137,7 @@ impl Intake {
             committer: Committer::default(),
             finished_since_commit: 0,
             last_commit: Instant::now(),
+            commit_timer,
             stopping: None,
             lag_probe: None,
             last_lag_probe: Instant::now(),
@@ -199,6 +204,10 @@ impl Intake {
                     }
                 },
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => Turn::Continue,
+                _ = &mut self.commit_timer => {
+                    self.timed_commit();
+                    Turn::Continue
+                }
                 _ = tick.tick() => {
                     self.on_tick();
                     Turn::Continue
@@ -248,12 +257,12 @@ impl Intake {
         Turn::Continue
     }
 
-    /// The earliest moment the loop must wake for by itself: a revoke's drain or commit
-    /// deadline, the end of the shutdown drain, or the next timed commit.
+    /// The earliest moment the loop must wake for by itself (besides the commit timer): a
+    /// revoke's drain or commit deadline, or the end of the shutdown drain.
     fn next_deadline(&self) -> Option<Instant> {
         let revokes = self.revokes.iter().map(PendingRevoke::wake_at);
         let stop = self.stopping.as_ref().map(|s| s.drain_until);
-        revokes.chain(stop).chain(self.commit_due_at()).min()
+        revokes.chain(stop).min()
     }
 
     /// Sends a command to every live shard and collects their replies.
