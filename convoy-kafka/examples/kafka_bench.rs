@@ -2,7 +2,7 @@
 //! the same topic in the same run as the baseline.
 //!
 //! ```text
-//! cargo run --release -p convoy-kafka --example bench -- --bootstrap 127.0.0.1:9092 --scenario seed --json
+//! cargo run --release -p convoy-kafka --example kafka_bench -- --bootstrap 127.0.0.1:9092 --scenario seed --json
 //! ```
 //! Scenarios: `seed` (50,000 messages, 10 keys, 10 % transient once, backoff 1 ms ×2 cap 100 ms
 //! full jitter; a live producer, latency produce → handled), `keys` (1,000 keys, no-op handler,

@@ -1,7 +1,7 @@
 //! Benchmark of the convoy engine on the in-memory broker.
 //!
 //! ```text
-//! cargo run --release -p convoy-testkit --example bench -- --keys 10000 --messages 1000000 --json
+//! cargo run --release -p convoy-testkit --example memory_bench -- --keys 10000 --messages 1000000 --json
 //! ```
 //! Prints one JSON object per run with `--json`, a short summary otherwise.
 
