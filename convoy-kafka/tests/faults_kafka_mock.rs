@@ -34,7 +34,7 @@ async fn a_group_authorization_failure_ends_the_engine_with_it() {
     create(&config.dlq_topic(), 1);
     common::mock_request_errors(
         RDKafkaApiKey::JoinGroup,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; 3],
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED],
     );
     let checker = Arc::new(OrderChecker::new());
     let sink = convoy_kafka::KafkaDeadLetterSink::new(&config).unwrap();
@@ -48,6 +48,8 @@ async fn a_group_authorization_failure_ends_the_engine_with_it() {
         .await
         .expect("the engine stopped")
         .unwrap_err();
+    // The next case joins groups too: no injected error may outlive this one.
+    common::mock_clear_errors(RDKafkaApiKey::JoinGroup);
     assert!(
         matches!(err, EngineError::Transport(ref e) if e.is_fatal()),
         "{err}"
@@ -61,6 +63,7 @@ async fn a_group_authorization_failure_ends_the_engine_with_it() {
 async fn an_offset_map_refused_as_too_large_falls_back_to_the_watermark() {
     let _one = ONE_AT_A_TIME.lock().await;
     common::init_tracing();
+    common::mock_clear_errors(RDKafkaApiKey::JoinGroup);
     let (bootstrap, create) = common::mock_cluster();
     let topic = common::unique("convoy-bigmap");
     create(&topic, 1);

@@ -81,6 +81,8 @@ enum MockRequest {
     CreateTopic(String, i32),
     /// Fail the next requests of an API with these errors, in order.
     RequestErrors(rdkafka::types::RDKafkaApiKey, Vec<rdkafka::types::RDKafkaRespErr>),
+    /// Forget the errors still queued for an API.
+    ClearErrors(rdkafka::types::RDKafkaApiKey),
 }
 
 /// librdkafka's in-process mock cluster (one per test binary), kept alive on its own thread (it
@@ -97,6 +99,14 @@ pub fn mock_cluster() -> (String, TopicCreator) {
         wait.recv().unwrap();
     });
     (bootstrap, create)
+}
+
+/// Forgets the errors still queued for `api` on the mock cluster.
+pub fn mock_clear_errors(api: rdkafka::types::RDKafkaApiKey) {
+    let (_, requests) = mock();
+    let (done, wait) = std::sync::mpsc::channel();
+    requests.send((MockRequest::ClearErrors(api), done)).unwrap();
+    wait.recv().unwrap();
 }
 
 /// Makes the mock cluster fail the next requests of `api` with `errors` (in order).
@@ -128,6 +138,7 @@ fn mock() -> Mock {
                         mock.create_topic(&topic, partitions, 1).unwrap()
                     }
                     MockRequest::RequestErrors(api, errors) => mock.request_errors(api, &errors),
+                    MockRequest::ClearErrors(api) => mock.clear_request_errors(api),
                 }
                 let _ = done.send(());
             }
