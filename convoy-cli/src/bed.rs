@@ -31,6 +31,7 @@ impl ConnectionBed {
             .with_dlq_topic(format!("{topic}.dlq"));
         connection.create_topic(&topic, partitions).await?;
         connection.create_topic(&connection.dlq_topic()?, 1).await?;
+        connection.prepare_baseline(&topic, partitions).await?;
         Ok(ConnectionBed {
             publisher: connection.publisher(&topic)?,
             sink: connection.dead_letter_sink()?,
@@ -38,6 +39,11 @@ impl ConnectionBed {
             topic,
             partitions,
         })
+    }
+
+    /// Deletes what the run declared, where the broker keeps it (RabbitMQ's queues).
+    pub async fn clean_up(&self) -> Result<(), ConnectError> {
+        self.connection.delete_topic(&self.topic).await
     }
 }
 

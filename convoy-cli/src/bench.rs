@@ -95,7 +95,11 @@ pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
         .map_err(|e| e.to_string())?,
     );
     let progress = |finished: u64, _total: u64| bar.set_position(finished);
-    let report = run_scenario(&bed, &scenario, &progress).await?;
+    let report = run_scenario(&bed, &scenario, &progress).await;
+    if let Err(e) = bed.clean_up().await {
+        eprintln!("warning: cleaning up the benchmark topic failed: {e}");
+    }
+    let report = report?;
     bar.finish_and_clear();
     report.print(args.json)?;
     Ok(if report.passed() {

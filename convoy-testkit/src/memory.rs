@@ -175,6 +175,7 @@ impl ConformanceTarget for MemoryTarget {
             // The batch that crossed the mark, the batches queued in the event channel, and the
             // one the fetch loop holds while waiting to send it.
             max_prefetch: (convoy_memory::broker::EVENT_CAPACITY + 2) * CONFORMANCE_BATCH,
+            positions: crate::conformance::Positions::Log,
         }
     }
 

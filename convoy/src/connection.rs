@@ -84,6 +84,8 @@ impl Connection {
             Backend::Memory(b) => Backend::Memory(b.clone()),
             #[cfg(feature = "kafka")]
             Backend::Kafka(c) => Backend::Kafka(c.clone()),
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(c) => Backend::Amqp(c.clone()),
         };
         Connection { endpoint, backend }
     }
@@ -109,6 +111,11 @@ impl Connection {
             }
             #[cfg(feature = "kafka")]
             Backend::Kafka(config) => Ok(Arc::new(convoy_kafka::KafkaPublisher::new(config, topic)?)),
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                Ok(Arc::new(convoy_amqp::AmqpPublisher::new(&config, topic)))
+            }
         }
     }
 
@@ -127,10 +134,18 @@ impl Connection {
                 config.dlq_topic = Some(topic);
                 Ok(Arc::new(convoy_kafka::KafkaDeadLetterSink::new(&config)?))
             }
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let mut config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                config.dlq_topic = Some(topic);
+                Ok(Arc::new(convoy_amqp::AmqpDeadLetterSink::new(&config)))
+            }
         }
     }
 
-    /// Creates `topic` with `partitions` partitions unless it exists.
+    /// Creates `topic` with `partitions` partitions unless it exists. On RabbitMQ: the topic's
+    /// exchange and this connection's group's partition queues; the dead-letter topic is a
+    /// stream.
     pub async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), ConnectError> {
         match &self.backend {
             #[cfg(feature = "memory")]
@@ -143,6 +158,50 @@ impl Connection {
                 let partitions = i32::try_from(partitions).unwrap_or(i32::MAX);
                 Ok(convoy_kafka::admin::create_topics(config, &[(topic, partitions)]).await?)
             }
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let mut config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                if self.endpoint.dlq_topic().as_deref() == Some(topic) {
+                    return Ok(convoy_amqp::admin::create_stream(&config, topic).await?);
+                }
+                config.partitions = partitions;
+                Ok(convoy_amqp::admin::create_topics(&config, &[(topic, partitions)]).await?)
+            }
+        }
+    }
+
+    /// Prepares the benchmark baseline of `topic` before anything is published. RabbitMQ
+    /// removes what a consumer acknowledges, so the baseline drains queues of a group of its
+    /// own, declared now so they receive every message; log brokers need nothing.
+    pub async fn prepare_baseline(&self, topic: &str, partitions: u32) -> Result<(), ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(_) => {
+                let baseline = self.with_group(backend::amqp::baseline_group(&self.endpoint));
+                baseline.create_topic(topic, partitions).await
+            }
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
+        }
+    }
+
+    /// Deletes what [`Connection::create_topic`] and [`Connection::prepare_baseline`] declared
+    /// for `topic`, and the dead-letter topic, where the broker keeps them (RabbitMQ is shared
+    /// by everything on a machine). On Kafka topics are left alone.
+    pub async fn delete_topic(&self, topic: &str) -> Result<(), ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                let dlq = self.endpoint.dlq_topic();
+                convoy_amqp::admin::delete_topic(&config, topic, dlq.as_deref()).await?;
+                let mut baseline = config.clone();
+                baseline.group = backend::amqp::baseline_group(&self.endpoint);
+                convoy_amqp::admin::delete_topic(&baseline, topic, None).await?;
+                Ok(())
+            }
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
         }
     }
 
@@ -167,6 +226,12 @@ impl Connection {
             Backend::Kafka(config) => {
                 Ok(convoy_kafka::admin::read_topic(config, topic, Duration::from_secs(3)).await?)
             }
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                // Only streams can be read without consuming: dead-letter topics are streams.
+                let config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                Ok(convoy_amqp::admin::read_stream(&config, topic, Duration::from_secs(1)).await?)
+            }
         }
     }
 
@@ -183,6 +248,20 @@ impl Connection {
                 let config = backend::kafka::config_for(config, &self.endpoint, true)?;
                 Ok(convoy_kafka::baseline::bare_drain(&config, topic, expected, limit).await?)
             }
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                let transport = convoy_amqp::AmqpTransport::new(convoy_amqp::AmqpConfig {
+                    topics: vec![topic.to_owned()],
+                    ..config.clone()
+                })?;
+                let prefetch = transport.prefetch(convoy_core::PrefetchLimit::default());
+                let group = backend::amqp::baseline_group(&self.endpoint);
+                Ok(
+                    convoy_amqp::baseline::bare_drain(&config, topic, &group, prefetch, expected, limit)
+                        .await?,
+                )
+            }
         }
     }
 
@@ -191,8 +270,8 @@ impl Connection {
     pub fn memory_broker(&self) -> Option<&convoy_memory::MemoryBroker> {
         match &self.backend {
             Backend::Memory(broker) => Some(broker),
-            #[cfg(feature = "kafka")]
-            Backend::Kafka(_) => None,
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 }
@@ -227,6 +306,15 @@ impl Transport for Connection {
                     .map_err(|e| TransportError::broker("configuring the Kafka consumer", e))?;
                 convoy_kafka::KafkaTransport::new(config)
                     .map_err(|e| TransportError::broker("configuring the Kafka consumer", e))?
+                    .subscribe_with(limit)
+                    .await
+            }
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let config = backend::amqp::config_for(config, &self.endpoint, true)
+                    .map_err(|e| TransportError::broker("configuring the RabbitMQ consumer", e))?;
+                convoy_amqp::AmqpTransport::new(config)
+                    .map_err(|e| TransportError::broker("configuring the RabbitMQ consumer", e))?
                     .subscribe_with(limit)
                     .await
             }

@@ -25,10 +25,11 @@
 //! - [`unique_suffix`]: fresh topic and group names on a shared broker;
 //! - everything of `convoy-core` (engine, handlers, retry, dead letters, transport contract).
 //!
-//! Features: `memory` (the embedded broker, `memory://`) and `kafka` (`kafka://`), both default.
+//! Features: `memory` (the embedded broker, `memory://`), `kafka` (`kafka://`) and `amqp`
+//! (RabbitMQ, `amqp://`), all default; `amqp-tls` adds `amqps://`.
 
-#[cfg(not(any(feature = "memory", feature = "kafka")))]
-compile_error!("enable at least one broker feature of `convoy`: `memory` or `kafka`");
+#[cfg(not(any(feature = "memory", feature = "kafka", feature = "amqp")))]
+compile_error!("enable at least one broker feature of `convoy`: `memory`, `kafka` or `amqp`");
 
 mod backend;
 mod connection;

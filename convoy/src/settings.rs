@@ -59,10 +59,15 @@ impl fmt::Debug for ConnectConfig {
     }
 }
 
-/// The URL with the values of secret parameters replaced.
+/// Schemes whose URL carries credentials in its address (`user:password@host`), as their own
+/// clients expect.
+const CREDENTIALS_IN_ADDRESS: [&str; 3] = ["amqp", "amqps", "nats"];
+
+/// The URL with the password of its address and the values of secret parameters replaced.
 pub fn redact_url(url: &str) -> String {
+    let url = redact_userinfo(url);
     let Some((base, query)) = url.split_once('?') else {
-        return url.to_owned();
+        return url;
     };
     let params: Vec<String> = query
         .split('&')
@@ -72,6 +77,22 @@ pub fn redact_url(url: &str) -> String {
         })
         .collect();
     format!("{base}?{}", params.join("&"))
+}
+
+/// `scheme://user:password@host…` → `scheme://user:<redacted>@host…`.
+fn redact_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 impl ConnectConfig {
@@ -202,7 +223,10 @@ impl fmt::Debug for Endpoint {
         let params = redacted(self.params.iter().map(|(k, v)| (k, v)));
         f.debug_struct("Endpoint")
             .field("scheme", &self.scheme)
-            .field("address", &self.address)
+            .field(
+                "address",
+                &redact_userinfo(&format!("{}://{}", self.scheme, self.address)),
+            )
             .field("group", &self.group)
             .field("topics", &self.topics)
             .field("dlq_topic", &self.dlq_topic)
@@ -227,7 +251,7 @@ impl Endpoint {
             return Err(bad("the scheme must be letters, e.g. kafka"));
         }
         let (address, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if address.contains('@') {
+        if address.contains('@') && !CREDENTIALS_IN_ADDRESS.contains(&scheme.to_ascii_lowercase().as_str()) {
             return Err(bad(
                 "credentials do not go in the address: pass them as parameters (e.g. sasl.username, sasl.password)",
             ));
@@ -323,6 +347,19 @@ mod tests {
         assert!(msg("kafka://user:pw@host:9092").contains("credentials"));
         assert!(!msg("kafka://user:pw@host:9092?sasl.password=x").contains("sasl.password=x"));
         assert!(msg("memory://?partitions=many").contains("`partitions`"));
+    }
+
+    #[test]
+    fn an_amqp_url_keeps_its_credentials_and_never_prints_the_password() {
+        let e =
+            Endpoint::parse("amqp://app:s3cret@127.0.0.1:5672/%2f?topics=t&group=g&partitions=4&prefetch=50")
+                .unwrap();
+        assert_eq!(e.address, "app:s3cret@127.0.0.1:5672/%2f");
+        assert_eq!((e.group.as_str(), e.partitions), ("g", 4));
+        assert_eq!(e.params, [("prefetch".to_owned(), "50".to_owned())]);
+        assert!(!format!("{e:?}").contains("s3cret"));
+        let shown = redact_url("amqp://app:s3cret@127.0.0.1:5672/%2f?topics=t");
+        assert_eq!(shown, "amqp://app:<redacted>@127.0.0.1:5672/%2f?topics=t");
     }
 
     #[test]

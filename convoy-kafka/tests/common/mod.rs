@@ -311,6 +311,7 @@ impl ConformanceTarget for KafkaTarget {
         // (the suite's beds have at most 4 partitions).
         Capabilities {
             max_prefetch: (convoy_kafka::consumer::EVENT_CAPACITY + 4) * convoy_kafka::Prefetch::MAX_BATCH,
+            positions: convoy_testkit::conformance::Positions::Log,
         }
     }
 

@@ -1,5 +1,7 @@
 //! The brokers a URL can name, each behind its cargo feature.
 
+#[cfg(feature = "amqp")]
+pub(crate) mod amqp;
 #[cfg(feature = "kafka")]
 pub(crate) mod kafka;
 #[cfg(feature = "memory")]
@@ -14,6 +16,8 @@ pub(crate) enum Backend {
     Memory(convoy_memory::MemoryBroker),
     #[cfg(feature = "kafka")]
     Kafka(convoy_kafka::KafkaConfig),
+    #[cfg(feature = "amqp")]
+    Amqp(convoy_amqp::AmqpConfig),
 }
 
 /// Opens the backend an endpoint names, or says which feature or crate provides it.
@@ -33,10 +37,12 @@ pub(crate) async fn open(endpoint: &Endpoint) -> Result<Backend, ConnectError> {
             scheme: "kafka",
             feature: "kafka",
         }),
-        "amqp" | "amqps" => Err(ConnectError::NotBuiltYet {
+        #[cfg(feature = "amqp")]
+        "amqp" | "amqps" => amqp::open(endpoint).await,
+        #[cfg(not(feature = "amqp"))]
+        "amqp" | "amqps" => Err(ConnectError::NotCompiled {
             scheme: "amqp",
-            broker: "RabbitMQ",
-            krate: "convoy-amqp",
+            feature: "amqp",
         }),
         "nats" => Err(ConnectError::NotBuiltYet {
             scheme: "nats",
@@ -60,7 +66,10 @@ mod tests {
 
     #[tokio::test]
     async fn schemes_without_a_backend_name_what_provides_them() {
-        assert!(refusal("amqp://127.0.0.1").await.contains("`convoy-amqp` crate"));
+        #[cfg(not(feature = "amqp"))]
+        assert!(refusal("amqp://127.0.0.1")
+            .await
+            .contains("enable the `amqp` feature of the `convoy` crate"));
         assert!(refusal("nats://127.0.0.1").await.contains("`convoy-nats` crate"));
         assert!(refusal("mqtt://127.0.0.1")
             .await

@@ -1,0 +1,146 @@
+//! What tools need besides consuming: declaring topics, reading a dead-letter stream without
+//! consuming it, deleting what tests declared.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use convoy_core::{Message, TransportError};
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable};
+
+use crate::config::AmqpConfig;
+use crate::connect::connect;
+use crate::convert::to_message;
+use crate::error::broker;
+use crate::{source_id, topology};
+
+/// Checks that RabbitMQ answers (connects and closes at once).
+pub async fn check_reachable(config: &AmqpConfig) -> Result<(), TransportError> {
+    let connection = connect(config, "check").await?;
+    let _ = connection.close(200, "checked".into()).await;
+    Ok(())
+}
+
+/// Declares each `(topic, partitions)` for `config.group` (idempotent; a queue with other
+/// arguments is an error naming it).
+pub async fn create_topics(config: &AmqpConfig, topics: &[(&str, u32)]) -> Result<(), TransportError> {
+    let connection = connect(config, "admin").await?;
+    let result = async {
+        for (topic, partitions) in topics {
+            topology::declare_topic(&connection, topic, &config.group, *partitions).await?;
+        }
+        Ok::<(), TransportError>(())
+    }
+    .await;
+    let _ = connection.close(200, "done".into()).await;
+    result
+}
+
+/// Declares the dead-letter stream `name`.
+pub async fn create_stream(config: &AmqpConfig, name: &str) -> Result<(), TransportError> {
+    let connection = connect(config, "admin").await?;
+    let result = topology::declare_stream(&connection, name)
+        .await
+        .map_err(TransportError::from);
+    let _ = connection.close(200, "done".into()).await;
+    result
+}
+
+/// Every message of the stream `name`, in order, without consuming it (streams keep what is
+/// read): read from its first offset until nothing arrived for `idle` (a stream has no end
+/// marker). Each message's offset is its stream offset. A stream that does not exist (nothing
+/// was dead-lettered yet) reads as empty.
+pub async fn read_stream(
+    config: &AmqpConfig,
+    name: &str,
+    idle: Duration,
+) -> Result<Vec<Message>, TransportError> {
+    let connection = connect(config, "read").await?;
+    let result = async {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| broker("opening a channel", e))?;
+        let passive = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..lapin::options::QueueDeclareOptions::default()
+        };
+        if let Err(e) = channel
+            .queue_declare(name.into(), passive, FieldTable::default())
+            .await
+        {
+            return match crate::error::amqp_error(&e) {
+                Some((404, _)) => Ok(Vec::new()),
+                _ => Err(broker(&format!("reading {name}"), e)),
+            };
+        }
+        // A stream consumer needs a prefetch and manual acks (acks only grant credit here).
+        channel
+            .basic_qos(500, BasicQosOptions::default())
+            .await
+            .map_err(|e| broker("setting the prefetch", e))?;
+        let mut args = FieldTable::default();
+        args.insert("x-stream-offset".into(), AMQPValue::LongString("first".into()));
+        let mut consumer = channel
+            .basic_consume(name.into(), "".into(), BasicConsumeOptions::default(), args)
+            .await
+            .map_err(|e| broker(&format!("reading {name}"), e))?;
+        let source = source_id(name, 0);
+        let mut messages = Vec::new();
+        while let Ok(Some(delivery)) = tokio::time::timeout(idle, consumer.next()).await {
+            let delivery = delivery.map_err(|e| broker(&format!("reading {name}"), e))?;
+            let tag = delivery.delivery_tag;
+            let offset = match delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("x-stream-offset"))
+            {
+                Some(AMQPValue::LongLongInt(o)) => u64::try_from(*o).unwrap_or(0),
+                _ => messages.len() as u64,
+            };
+            let mut message = to_message(delivery, &source);
+            message.offset = offset;
+            message.headers = message
+                .headers
+                .iter()
+                .filter(|(n, _)| *n != "x-stream-offset")
+                .map(|(n, v): (&str, &Bytes)| (n, v.clone()))
+                .collect();
+            messages.push(message);
+            channel
+                .basic_ack(tag, BasicAckOptions { multiple: true })
+                .await
+                .map_err(|e| broker(&format!("reading {name}"), e))?;
+        }
+        Ok::<Vec<Message>, TransportError>(messages)
+    }
+    .await;
+    let _ = connection.close(200, "done".into()).await;
+    result
+}
+
+/// Deletes `topic`'s exchange and `config.group`'s queues of it, and the queue `also` (a
+/// dead-letter stream), if given: for tests that clean up after themselves.
+pub async fn delete_topic(
+    config: &AmqpConfig,
+    topic: &str,
+    also: Option<&str>,
+) -> Result<(), TransportError> {
+    let connection = connect(config, "admin").await?;
+    let result = async {
+        topology::delete_topic(&connection, topic, &config.group, config.partitions).await?;
+        if let Some(queue) = also {
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| broker("opening a channel", e))?;
+            topology::delete_queue(&channel, queue).await?;
+        }
+        Ok::<(), TransportError>(())
+    }
+    .await;
+    let _ = connection.close(200, "done".into()).await;
+    result
+}

@@ -1,0 +1,319 @@
+//! RabbitMQ configuration: a serde struct validated at startup, with errors that name the field.
+//! The password in the URI never appears in `Debug` output or logs.
+
+use std::fmt;
+use std::time::Duration;
+
+use convoy_core::ConfigError;
+use lapin::uri::AMQPUri;
+use serde::Deserialize;
+
+fn default_partitions() -> u32 {
+    8
+}
+
+fn default_heartbeat_s() -> u16 {
+    10
+}
+
+fn default_revoke_timeout_ms() -> u64 {
+    60_000
+}
+
+fn default_balance_interval_ms() -> u64 {
+    500
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    10_000
+}
+
+/// Everything convoy-amqp needs to consume and publish.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpConfig {
+    /// `amqp://user:password@host:port/vhost` (`%2f` is the `/` vhost); `amqps://` needs the
+    /// crate's `tls` feature.
+    pub uri: String,
+    /// Consumer group: each group has its own partition queues and receives every message.
+    pub group: String,
+    /// Topics to consume (each is an exchange with `partitions` queues per group).
+    #[serde(default)]
+    pub topics: Vec<String>,
+    /// Dead-letter stream; defaults to `<first topic>.dlq`.
+    #[serde(default)]
+    pub dlq_topic: Option<String>,
+    /// Partitions of each topic: queues per group, and what publishers hash keys over.
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    /// Unacknowledged messages per partition queue (the broker's prefetch); by default derived
+    /// from the engine's prefetch limit divided over the partitions.
+    #[serde(default)]
+    pub prefetch: Option<u16>,
+    /// Heartbeat in seconds: a silent peer is noticed after about twice this.
+    #[serde(default = "default_heartbeat_s")]
+    pub heartbeat_s: u16,
+    /// Connection name shown by the broker (`rabbitmqctl list_connections`).
+    #[serde(default)]
+    pub connection_name: Option<String>,
+    /// How long a partition being handed over waits for the engine to drain and commit.
+    #[serde(default = "default_revoke_timeout_ms")]
+    pub revoke_timeout_ms: u64,
+    /// How often a member checks membership and rebalances its partitions.
+    #[serde(default = "default_balance_interval_ms")]
+    pub balance_interval_ms: u64,
+    /// Longest wait for a connection to open.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+}
+
+impl fmt::Debug for AmqpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("uri", &redact_uri(&self.uri))
+            .field("group", &self.group)
+            .field("topics", &self.topics)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("partitions", &self.partitions)
+            .field("prefetch", &self.prefetch)
+            .field("heartbeat_s", &self.heartbeat_s)
+            .field("connection_name", &self.connection_name)
+            .field("revoke_timeout_ms", &self.revoke_timeout_ms)
+            .field("balance_interval_ms", &self.balance_interval_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .finish()
+    }
+}
+
+/// The URI with its password replaced by `<redacted>`.
+pub fn redact_uri(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return uri.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}{path}"),
+            None => uri.to_owned(),
+        },
+        None => uri.to_owned(),
+    }
+}
+
+/// Longest AMQP queue or exchange name.
+const MAX_NAME: usize = 255;
+
+impl AmqpConfig {
+    /// A configuration with defaults for everything but the essentials.
+    pub fn new(uri: impl Into<String>, group: impl Into<String>, topics: &[&str]) -> Self {
+        AmqpConfig {
+            uri: uri.into(),
+            group: group.into(),
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+            dlq_topic: None,
+            partitions: default_partitions(),
+            prefetch: None,
+            heartbeat_s: default_heartbeat_s(),
+            connection_name: None,
+            revoke_timeout_ms: default_revoke_timeout_ms(),
+            balance_interval_ms: default_balance_interval_ms(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+        }
+    }
+
+    /// Sets one field by name, as a URL parameter gives it: `prefetch`, `heartbeat`,
+    /// `connection_name`, `revoke_timeout_ms`, `balance_interval_ms`, `connect_timeout_ms`.
+    pub fn apply_param(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
+        fn number<T: std::str::FromStr>(field: &str, value: &str) -> Result<T, ConfigError> {
+            value
+                .parse::<T>()
+                .map_err(|_| ConfigError::invalid(field, format!("expected a number, got {value:?}")))
+        }
+        match name {
+            "prefetch" => self.prefetch = Some(number(name, value)?),
+            "heartbeat" | "heartbeat_s" => self.heartbeat_s = number(name, value)?,
+            "connection_name" => self.connection_name = Some(value.to_owned()),
+            "revoke_timeout_ms" => self.revoke_timeout_ms = number(name, value)?,
+            "balance_interval_ms" => self.balance_interval_ms = number(name, value)?,
+            "connect_timeout_ms" => self.connect_timeout_ms = number(name, value)?,
+            other => {
+                return Err(ConfigError::invalid(
+                    other,
+                    "unknown RabbitMQ setting: use prefetch, heartbeat, connection_name, \
+                     revoke_timeout_ms, balance_interval_ms or connect_timeout_ms",
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// The parsed URI (heartbeat applied), or an error naming `uri`.
+    pub fn parsed_uri(&self) -> Result<AMQPUri, ConfigError> {
+        let mut uri: AMQPUri = self
+            .uri
+            .parse()
+            .map_err(|e: String| ConfigError::invalid("uri", format!("{e} in {}", redact_uri(&self.uri))))?;
+        if uri.vhost.is_empty() {
+            return Err(ConfigError::invalid(
+                "uri",
+                "the vhost is empty (a trailing `/`): use `/%2f` for the default vhost `/`, or name one",
+            ));
+        }
+        if matches!(uri.scheme, lapin::uri::AMQPScheme::AMQPS) && !cfg!(feature = "tls") {
+            return Err(ConfigError::invalid(
+                "uri",
+                "amqps:// needs TLS: build convoy-amqp with its `tls` feature (without it the \
+                 connection would not be encrypted)",
+            ));
+        }
+        uri.query.heartbeat = Some(self.heartbeat_s);
+        Ok(uri)
+    }
+
+    /// Checks every field; the error names the first bad one. `needs_topics`: a consumer must
+    /// name its topics, a publisher need not.
+    pub fn validate(&self, needs_topics: bool) -> Result<(), ConfigError> {
+        self.parsed_uri()?;
+        if self.group.trim().is_empty() {
+            return Err(ConfigError::invalid("group", "must not be empty"));
+        }
+        if needs_topics && self.topics.is_empty() {
+            return Err(ConfigError::invalid(
+                "topics",
+                "name at least one topic to consume",
+            ));
+        }
+        if !(1..=10_000).contains(&self.partitions) {
+            return Err(ConfigError::invalid("partitions", "must be between 1 and 10000"));
+        }
+        for topic in self.topics.iter().chain(self.dlq_topic.iter()) {
+            self.check_name("topics", topic)?;
+        }
+        if self.prefetch == Some(0) {
+            return Err(ConfigError::invalid(
+                "prefetch",
+                "must be ≥ 1 (0 means unlimited to RabbitMQ: no back-pressure at all)",
+            ));
+        }
+        if self.heartbeat_s == 0 {
+            return Err(ConfigError::invalid(
+                "heartbeat",
+                "must be ≥ 1 second: without heartbeats a silent network loss is never noticed",
+            ));
+        }
+        if self.revoke_timeout_ms < 1_000 {
+            return Err(ConfigError::invalid("revoke_timeout_ms", "must be at least 1000"));
+        }
+        if self.balance_interval_ms == 0 {
+            return Err(ConfigError::invalid("balance_interval_ms", "must be > 0"));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err(ConfigError::invalid("connect_timeout_ms", "must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// Names derived from `topic` (partition queues, owner locks) must stay within AMQP's limit.
+    fn check_name(&self, field: &str, topic: &str) -> Result<(), ConfigError> {
+        let valid = !topic.is_empty()
+            && topic
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b))
+            && !topic.starts_with("amq.");
+        if !valid {
+            return Err(ConfigError::invalid(
+                field,
+                format!(
+                    "{topic:?} is not a valid topic name (letters, digits, . _ - :, not starting with amq.)"
+                ),
+            ));
+        }
+        let longest = crate::topology::owner_lock(topic, &self.group, self.partitions.saturating_sub(1));
+        if longest.len() > MAX_NAME {
+            return Err(ConfigError::invalid(
+                field,
+                format!(
+                    "{topic:?} with group {:?} makes queue names over {MAX_NAME} bytes",
+                    self.group
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The dead-letter stream in use.
+    pub fn dlq_topic(&self) -> String {
+        self.dlq_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.dlq", self.topics.first().map_or("convoy", String::as_str)))
+    }
+
+    /// How long a revoke waits for the engine.
+    pub fn revoke_timeout(&self) -> Duration {
+        Duration::from_millis(self.revoke_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> AmqpConfig {
+        AmqpConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f", "g", &["orders"])
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = valid();
+        assert_eq!(c.validate(true), Ok(()));
+        assert_eq!(c.dlq_topic(), "orders.dlq");
+        assert_eq!(c.parsed_uri().unwrap().vhost, "/");
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        type Change = Box<dyn Fn(&mut AmqpConfig)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (Box::new(|c| c.uri = "http://x".into()), "uri"),
+            (Box::new(|c| c.uri = "amqp://127.0.0.1/".into()), "uri"),
+            (Box::new(|c| c.group = " ".into()), "group"),
+            (Box::new(|c| c.topics.clear()), "topics"),
+            (Box::new(|c| c.topics = vec!["bad topic".into()]), "topics"),
+            (Box::new(|c| c.partitions = 0), "partitions"),
+            (Box::new(|c| c.prefetch = Some(0)), "prefetch"),
+            (Box::new(|c| c.heartbeat_s = 0), "heartbeat"),
+            (Box::new(|c| c.revoke_timeout_ms = 10), "revoke_timeout_ms"),
+        ];
+        for (change, field) in cases {
+            let mut c = valid();
+            change(&mut c);
+            assert_eq!(c.validate(true).unwrap_err().field(), field);
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            let mut c = valid();
+            c.uri = "amqps://guest:guest@127.0.0.1:5671/%2f".into();
+            let err = c.validate(true).unwrap_err();
+            assert!(err.to_string().contains("tls"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_password_never_reaches_debug_output() {
+        let mut c = valid();
+        c.uri = "amqp://app:hunter2@rabbit:5672/%2fprod".into();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("app:<redacted>@rabbit:5672/%2fprod"), "{shown}");
+    }
+
+    #[test]
+    fn url_parameters_apply_by_name() {
+        let mut c = valid();
+        c.apply_param("prefetch", "100").unwrap();
+        c.apply_param("heartbeat", "5").unwrap();
+        assert_eq!((c.prefetch, c.heartbeat_s), (Some(100), 5));
+        assert_eq!(c.apply_param("prefetch", "lots").unwrap_err().field(), "prefetch");
+        assert_eq!(c.apply_param("nope", "1").unwrap_err().field(), "nope");
+    }
+}

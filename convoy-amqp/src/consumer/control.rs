@@ -1,0 +1,128 @@
+//! Pause, resume, commit and close for one member.
+
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use convoy_core::{Commit, Offset, SourceControl, SourceId, TransportError};
+use lapin::options::BasicAckOptions;
+
+use super::Shared;
+use crate::error::broker;
+use crate::topology;
+
+pub(super) struct AmqpControl {
+    shared: Arc<Shared>,
+}
+
+impl AmqpControl {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        AmqpControl { shared }
+    }
+
+    fn set_paused(&self, sources: &[SourceId], paused: bool) {
+        let owned = self.shared.owned();
+        for source in sources {
+            if let Some(o) = owned.get(source) {
+                o.paused.send_replace(paused);
+            }
+        }
+    }
+
+    fn leave(&self) {
+        self.shared.closing.store(true, SeqCst);
+        self.shared.close.notify_one();
+    }
+}
+
+#[async_trait]
+impl SourceControl for AmqpControl {
+    fn pause(&self, sources: &[SourceId]) -> Result<(), TransportError> {
+        self.set_paused(sources, true);
+        Ok(())
+    }
+
+    fn resume(&self, sources: &[SourceId]) -> Result<(), TransportError> {
+        self.set_paused(sources, false);
+        Ok(())
+    }
+
+    /// `basic.ack(next - 1, multiple)` on each source's channel, only ever forward: a tag
+    /// acknowledged twice, or below an earlier multiple-ack, makes the broker close the channel.
+    async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {
+        for c in commits {
+            let (channel, tag) = {
+                let owned = self.shared.owned();
+                let Some(o) = owned.get(&c.source) else {
+                    return Err(TransportError::NotOwner(c.source.clone()));
+                };
+                // Tags start at 1 on each channel: `next` 1 (or 0) means nothing is finished, and a
+                // multiple-ack of tag 0 would acknowledge every delivery of the channel.
+                let tag = c.watermark().unwrap_or(0).min(o.delivered.load(Relaxed));
+                if tag == 0 || tag <= o.acked {
+                    continue;
+                }
+                (o.channel.clone(), tag)
+            };
+            channel
+                .basic_ack(tag, BasicAckOptions { multiple: true })
+                .await
+                .map_err(|e| broker(&format!("acknowledging {}", c.source), e))?;
+            if let Some(o) = self.shared.owned().get_mut(&c.source) {
+                if o.channel.id() == channel.id() {
+                    o.acked = o.acked.max(tag);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The newest "offset" of each source: the last tag delivered plus the messages still
+    /// ready in its queue, so the engine's lag (newest minus watermark) is the unfinished
+    /// delivered messages plus the queue's backlog — reported while paused too.
+    async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
+        let mut newest = Vec::with_capacity(sources.len());
+        for source in sources {
+            let probe = {
+                let owned = self.shared.owned();
+                owned
+                    .get(source)
+                    .map(|o| (o.channel.clone(), o.queue.clone(), o.delivered.load(Relaxed)))
+            };
+            let Some((channel, queue, delivered)) = probe else {
+                newest.push(None);
+                continue;
+            };
+            let depth = tokio::time::timeout(
+                Duration::from_secs(1),
+                topology::partition_depth(&channel, &queue),
+            )
+            .await;
+            newest.push(match depth {
+                Ok(Ok((ready, _))) => Some(delivered + u64::from(ready)),
+                _ => None,
+            });
+        }
+        newest
+    }
+
+    fn revoke_timeout(&self) -> Option<Duration> {
+        Some(self.shared.config.revoke_timeout())
+    }
+
+    async fn close(&self) -> Result<(), TransportError> {
+        let mut closed = self.shared.closed.subscribe();
+        self.leave();
+        let _ = closed.wait_for(|c| *c).await;
+        Ok(())
+    }
+}
+
+impl Drop for AmqpControl {
+    fn drop(&mut self) {
+        // Dropped without close (the engine crashed): leave without acknowledging anything more;
+        // closing the channels returns every unacknowledged message to its queue.
+        self.leave();
+    }
+}

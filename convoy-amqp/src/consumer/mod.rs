@@ -1,0 +1,123 @@
+//! The RabbitMQ subscription: a member of a consumer group whose owned partition queues are
+//! convoy sources.
+//!
+//! By job: `member` joins the group, balances partitions over the live members and hands
+//! partitions over (with the engine's drain and commit in between); `partition` reads one owned
+//! partition queue on its own channel and hands batches to the engine; `control` pauses, resumes
+//! and commits (`basic.ack(W, multiple)` on that channel).
+//!
+//! A source's offset is the delivery tag, which restarts with every channel: each time a
+//! partition is taken it is a new assignment (committed `None`). Prefetch bounds the messages
+//! unacknowledged on a channel, which is exactly the watermark window; pausing stops reading
+//! the channel (never a cancel: under single active consumer a cancel hands the queue over).
+
+mod control;
+mod member;
+mod partition;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use convoy_core::transport::{event_channel, EventSender};
+use convoy_core::{PrefetchLimit, SourceId, Subscription, Transport, TransportError};
+use lapin::Channel;
+use tokio::sync::{watch, Notify};
+
+use self::control::AmqpControl;
+use crate::config::AmqpConfig;
+
+/// Message batches buffered between the partition tasks and the engine.
+pub const EVENT_CAPACITY: usize = 16;
+/// Most messages per batch handed to the engine.
+pub const MAX_BATCH: usize = 500;
+
+/// An owned partition as pause, resume and commit see it.
+struct Owned {
+    channel: Channel,
+    /// The highest tag acknowledged on this channel (0: none).
+    acked: u64,
+    /// The highest tag delivered to the engine.
+    delivered: Arc<AtomicU64>,
+    paused: watch::Sender<bool>,
+    /// The partition queue.
+    queue: String,
+}
+
+/// State shared by the member task and the control.
+struct Shared {
+    config: AmqpConfig,
+    events: EventSender,
+    owned: Mutex<HashMap<SourceId, Owned>>,
+    /// Unacknowledged messages per partition channel.
+    prefetch: u16,
+    /// Set when the engine closes the subscription: the member leaves the group.
+    closing: AtomicBool,
+    close: Notify,
+    /// Set once the member left.
+    closed: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn owned(&self) -> MutexGuard<'_, HashMap<SourceId, Owned>> {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Opens RabbitMQ subscriptions: each `subscribe` joins the group as a new member.
+#[derive(Clone, Debug)]
+pub struct AmqpTransport {
+    config: AmqpConfig,
+}
+
+impl AmqpTransport {
+    /// A transport for `config` (validated here: the error names the bad field).
+    pub fn new(config: AmqpConfig) -> Result<Self, convoy_core::ConfigError> {
+        config.validate(true)?;
+        Ok(AmqpTransport { config })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AmqpConfig {
+        &self.config
+    }
+
+    /// The prefetch of each partition channel: configured, or the engine's message limit
+    /// divided over every partition this member could own.
+    pub fn prefetch(&self, limit: PrefetchLimit) -> u16 {
+        self.config.prefetch.unwrap_or_else(|| {
+            let sources = self.config.topics.len().max(1) * self.config.partitions as usize;
+            u16::try_from((limit.messages / sources).clamp(1, usize::from(u16::MAX))).unwrap_or(u16::MAX)
+        })
+    }
+}
+
+#[async_trait]
+impl Transport for AmqpTransport {
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        self.subscribe_with(PrefetchLimit::default()).await
+    }
+
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
+        let (events, rx) = event_channel(EVENT_CAPACITY);
+        let (closed, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            config: self.config.clone(),
+            events,
+            owned: Mutex::default(),
+            prefetch: self.prefetch(limit),
+            closing: AtomicBool::new(false),
+            close: Notify::new(),
+            closed,
+        });
+        // Connect and declare before returning, so a bad address or a mismatching queue is an
+        // error of `subscribe`, not a silent retry loop.
+        let session = member::Session::open(shared.clone()).await?;
+        tokio::spawn(member::run(shared.clone(), session));
+        Ok(Subscription {
+            events: rx,
+            control: Box::new(AmqpControl::new(shared)),
+        })
+    }
+}

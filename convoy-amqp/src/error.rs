@@ -1,0 +1,53 @@
+//! RabbitMQ errors as convoy sees them.
+
+use convoy_core::TransportError;
+use lapin::ErrorKind;
+
+/// The reply code and text of an error the broker sent (e.g. `406, "PRECONDITION_FAILED - …"`).
+pub fn amqp_error(e: &lapin::Error) -> Option<(u16, &str)> {
+    match e.kind() {
+        ErrorKind::ProtocolError(err) => Some((err.get_id(), err.get_message().as_str())),
+        _ => None,
+    }
+}
+
+/// Declaring the topology failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// A queue or exchange exists with other arguments than convoy declares.
+    #[error(
+        "{queue} already exists with other arguments ({server}); delete it or use another topic or \
+         group name: convoy never falls back to a queue it did not declare"
+    )]
+    Mismatch {
+        /// What was declared.
+        queue: String,
+        /// The broker's words.
+        server: String,
+    },
+    /// Any other broker or connection error.
+    #[error("{0}")]
+    Broker(lapin::Error),
+}
+
+impl From<TopologyError> for TransportError {
+    fn from(e: TopologyError) -> Self {
+        match e {
+            TopologyError::Mismatch { .. } => TransportError::Fatal(e.to_string()),
+            TopologyError::Broker(e) => broker("declaring the topology", e),
+        }
+    }
+}
+
+/// A lapin error as a transport error: access refusals are fatal (no retry can fix them), the
+/// rest may be retried.
+pub fn broker(context: &str, e: lapin::Error) -> TransportError {
+    match amqp_error(&e) {
+        // ACCESS_REFUSED, NOT_ALLOWED (no such vhost, or not permitted).
+        Some((403 | 530, text)) => TransportError::Fatal(format!("{context}: {text}")),
+        _ if matches!(e.kind(), ErrorKind::IOError(_)) => {
+            TransportError::Unavailable(format!("{context}: {e}"))
+        }
+        _ => TransportError::broker(context.to_owned(), e),
+    }
+}

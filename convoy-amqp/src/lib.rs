@@ -1,0 +1,41 @@
+//! # convoy-amqp
+//!
+//! The RabbitMQ transport for convoy, over lapin:
+//! - [`config`]: [`AmqpConfig`], validated, the password redacted;
+//! - [`topology`]: what a topic is on RabbitMQ (an exchange, quorum partition queues per group
+//!   with single active consumer, a dead-letter stream, lock queues for ownership) and declaring it;
+//! - [`consumer`]: [`AmqpTransport`] — a group member balancing partitions over the live
+//!   members, with handovers that drain and commit (`basic.ack(W, multiple)`) first;
+//! - [`publisher`]: [`AmqpPublisher`] (Kafka-compatible key partitioning, persistent, mandatory,
+//!   confirmed) and [`AmqpDeadLetterSink`];
+//! - [`admin`]: reading a dead-letter stream without consuming it, queue depths, deleting a topic;
+//! - [`baseline`]: a bare lapin consumer, the benchmarks' baseline;
+//! - [`convert`]: deliveries ↔ messages, headers ↔ field tables;
+//! - [`connect`](mod@connect) and [`error`]: connections and error classification.
+
+pub mod admin;
+pub mod baseline;
+pub mod config;
+pub mod connect;
+pub mod consumer;
+pub mod convert;
+pub mod error;
+pub mod publisher;
+pub mod topology;
+
+pub use config::AmqpConfig;
+pub use consumer::AmqpTransport;
+pub use publisher::{AmqpDeadLetterSink, AmqpPublisher};
+
+use convoy_core::SourceId;
+
+/// The source id of partition `p` of `topic`: `topic/p`, as on every convoy transport.
+pub fn source_id(topic: &str, p: u32) -> SourceId {
+    SourceId::new(format!("{topic}/{p}"))
+}
+
+/// The topic and partition of a source id made by [`source_id`].
+pub fn topic_partition(source: &SourceId) -> Option<(&str, u32)> {
+    let (topic, partition) = source.as_str().rsplit_once('/')?;
+    Some((topic, partition.parse().ok()?))
+}

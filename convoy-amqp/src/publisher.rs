@@ -1,0 +1,290 @@
+//! Publishing: keyed (partition = Kafka's Java-compatible murmur2 of the key, mod N — one key,
+//! one partition number on every broker), persistent, `mandatory` (an unroutable message is an
+//! error, not a silent loss), confirmed; every message gets a stable event id and a
+//! `traceparent` unless it carries them already. The dead-letter sink publishes to the
+//! dead-letter stream the same way.
+//!
+//! Foreign producers place keys identically with the same function (pika):
+//!
+//! ```python
+//! def murmur2(data: bytes) -> int:
+//!     seed, m, r = 0x9747B28C, 0x5BD1E995, 24
+//!     h = (seed ^ len(data)) & 0xFFFFFFFF
+//!     n = len(data) // 4
+//!     for i in range(n):
+//!         k = int.from_bytes(data[4 * i:4 * i + 4], "little")
+//!         k = (k * m) & 0xFFFFFFFF; k ^= k >> r; k = (k * m) & 0xFFFFFFFF
+//!         h = (h * m) & 0xFFFFFFFF; h ^= k
+//!     tail = data[4 * n:]
+//!     if len(tail) >= 3: h ^= tail[2] << 16
+//!     if len(tail) >= 2: h ^= tail[1] << 8
+//!     if len(tail) >= 1: h ^= tail[0]; h = (h * m) & 0xFFFFFFFF
+//!     h ^= h >> 13; h = (h * m) & 0xFFFFFFFF; h ^= h >> 15
+//!     return h
+//!
+//! partition = (murmur2(key) & 0x7FFFFFFF) % partitions
+//! channel.confirm_delivery()
+//! channel.basic_publish(exchange=topic, routing_key=str(partition), body=payload, mandatory=True,
+//!     properties=pika.BasicProperties(delivery_mode=2, headers={"convoy-key": key}))
+//! ```
+//!
+//! lapin may attach a returned (unroutable) message to another publish's confirmation when
+//! several are in flight, so returns are matched by their unique `message_id`, never by which
+//! confirmation carried them.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use convoy_core::partitioner::partition_for_key;
+use convoy_core::{
+    DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TraceContext, TransportError,
+    EVENT_ID_HEADER,
+};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::Confirmation;
+use lapin::{BasicProperties, Channel, Connection};
+use tokio::sync::Mutex;
+
+use crate::config::AmqpConfig;
+use crate::connect::connect;
+use crate::convert::{to_field_table, KEY_HEADER};
+use crate::error::broker;
+use crate::source_id;
+use crate::topology;
+
+/// Where a publisher sends.
+#[derive(Clone, Debug)]
+enum Route {
+    /// A topic's exchange, routing key = the key's partition.
+    Topic { partitions: u32 },
+    /// One queue (a dead-letter stream), through the default exchange.
+    Queue,
+}
+
+/// A confirmed, keyed RabbitMQ publisher for one topic.
+#[derive(Clone)]
+pub struct AmqpPublisher {
+    config: AmqpConfig,
+    target: String,
+    route: Route,
+    stamp: bool,
+    open: Arc<Mutex<Option<(Connection, Channel)>>>,
+    next_id: Arc<AtomicU64>,
+    round_robin: Arc<AtomicU64>,
+    id_prefix: String,
+}
+
+impl AmqpPublisher {
+    /// A publisher to topic `topic` (the exchange), keys hashed over `config.partitions`.
+    pub fn new(config: &AmqpConfig, topic: impl Into<String>) -> Self {
+        Self::with_route(
+            config,
+            topic.into(),
+            Route::Topic {
+                partitions: config.partitions,
+            },
+        )
+    }
+
+    fn with_route(config: &AmqpConfig, target: String, route: Route) -> Self {
+        AmqpPublisher {
+            config: config.clone(),
+            target,
+            route,
+            stamp: true,
+            open: Arc::default(),
+            next_id: Arc::default(),
+            round_robin: Arc::default(),
+            id_prefix: format!("{:x}-{:x}", std::process::id(), fastrand::u64(..)),
+        }
+    }
+
+    /// Publishes messages exactly as given: no event id or `traceparent` is added.
+    pub fn without_stamps(mut self) -> Self {
+        self.stamp = false;
+        self
+    }
+
+    /// The topic (or stream) published to.
+    pub fn topic(&self) -> &str {
+        &self.target
+    }
+
+    /// The open confirm channel, opened (and, for a stream, declared) on first use or after a
+    /// connection loss.
+    async fn channel(&self, open: &mut Option<(Connection, Channel)>) -> Result<Channel, TransportError> {
+        if let Some((connection, channel)) = open.as_ref() {
+            if connection.status().connected() && channel.status().connected() {
+                return Ok(channel.clone());
+            }
+        }
+        let connection = connect(&self.config, "publish").await?;
+        if matches!(self.route, Route::Queue) {
+            topology::declare_stream(&connection, &self.target).await?;
+        }
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| broker("opening a publish channel", e))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| broker("enabling publisher confirms", e))?;
+        *open = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+
+    /// The partition of a message: its key's, or round-robin for keyless messages.
+    fn partition(&self, message: &OutgoingMessage, partitions: u32) -> u32 {
+        match message.key.as_ref().filter(|k| !k.is_empty()) {
+            Some(key) => partition_for_key(key, partitions),
+            None => (self.round_robin.fetch_add(1, Relaxed) % u64::from(partitions)) as u32,
+        }
+    }
+
+    /// Publishes in order, pipelined: every message is written before any confirmation is
+    /// awaited (one channel keeps their order).
+    async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
+        let mut open = self.open.lock().await;
+        let channel = self.channel(&mut open).await?;
+        let mut pending = Vec::with_capacity(messages.len());
+        let mut receipts = Vec::with_capacity(messages.len());
+        for message in messages {
+            let (routing_key, source) = match self.route {
+                Route::Topic { partitions } => {
+                    let p = self.partition(message, partitions);
+                    (topology::routing_key(p), source_id(&self.target, p))
+                }
+                Route::Queue => (self.target.clone(), source_id(&self.target, 0)),
+            };
+            let id = format!("{}-{}", self.id_prefix, self.next_id.fetch_add(1, Relaxed));
+            let mut headers = message.headers.clone();
+            if let Some(key) = &message.key {
+                headers.insert(KEY_HEADER, key.clone());
+            }
+            let properties = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id(id.as_str().into())
+                .with_headers(to_field_table(&headers));
+            let options = BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            };
+            let exchange = match self.route {
+                Route::Topic { .. } => self.target.as_str(),
+                Route::Queue => "",
+            };
+            let confirm = match channel
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.as_str().into(),
+                    options,
+                    &message.payload,
+                    properties,
+                )
+                .await
+            {
+                Ok(confirm) => confirm,
+                Err(e) => {
+                    *open = None;
+                    return Err(broker(&format!("publishing to {}", self.target), e));
+                }
+            };
+            pending.push(confirm);
+            receipts.push(Receipt { source, offset: 0 });
+        }
+        let mut returned = HashSet::new();
+        let mut nacked = 0usize;
+        for confirm in pending {
+            match confirm.await {
+                Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {}
+                Ok(Confirmation::Ack(Some(ret)) | Confirmation::Nack(Some(ret))) => {
+                    returned.insert(ret.properties.message_id().as_ref().map(|id| id.to_string()));
+                }
+                Ok(Confirmation::Nack(None)) => nacked += 1,
+                Err(e) => {
+                    *open = None;
+                    return Err(broker(&format!("publishing to {}", self.target), e));
+                }
+            }
+        }
+        if !returned.is_empty() {
+            return Err(TransportError::broker(
+                format!("publishing to {}", self.target),
+                format!(
+                    "{} message(s) were unroutable: no queue is bound for their partition; declare the \
+                     topic first (create_topics), with the same number of partitions",
+                    returned.len()
+                ),
+            ));
+        }
+        if nacked > 0 {
+            return Err(TransportError::Unavailable(format!(
+                "RabbitMQ refused {nacked} message(s) to {} (nack); publish them again",
+                self.target
+            )));
+        }
+        Ok(receipts)
+    }
+}
+
+/// A fresh event id: 128 random bits as hex.
+fn new_event_id() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+/// Gives a message an event id and a trace context unless it carries them already.
+fn stamp(message: &mut OutgoingMessage) {
+    if message.headers.get(EVENT_ID_HEADER).is_none() {
+        message.headers.insert(EVENT_ID_HEADER, new_event_id());
+    }
+    if TraceContext::extract(&message.headers).is_none() {
+        TraceContext::new_root().inject(&mut message.headers);
+    }
+}
+
+#[async_trait]
+impl Publisher for AmqpPublisher {
+    async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
+        if self.stamp {
+            stamp(&mut message);
+        }
+        let mut receipts = self.send_all(std::slice::from_ref(&message)).await?;
+        receipts.pop().ok_or(TransportError::Closed)
+    }
+
+    async fn publish_all(&self, mut messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
+        if self.stamp {
+            messages.iter_mut().for_each(stamp);
+        }
+        self.send_all(&messages).await
+    }
+}
+
+/// Dead letters to the dead-letter stream: original key, payload and headers plus the reason
+/// headers, confirmed.
+#[derive(Clone)]
+pub struct AmqpDeadLetterSink {
+    publisher: AmqpPublisher,
+}
+
+impl AmqpDeadLetterSink {
+    /// A sink writing to `config`'s dead-letter stream (declared on first use).
+    pub fn new(config: &AmqpConfig) -> Self {
+        AmqpDeadLetterSink {
+            publisher: AmqpPublisher::with_route(config, config.dlq_topic(), Route::Queue),
+        }
+    }
+}
+
+#[async_trait]
+impl DeadLetterSink for AmqpDeadLetterSink {
+    async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
+        self.publisher
+            .send_all(std::slice::from_ref(&dead_letter.to_outgoing()))
+            .await
+            .map(|_| ())
+    }
+}

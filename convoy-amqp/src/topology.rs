@@ -1,0 +1,211 @@
+//! What a topic is on RabbitMQ, and declaring it.
+//!
+//! A topic `T` is a durable direct exchange `T`. Each consumer group `G` has `N` partition
+//! queues `T.G.p0 … T.G.p{N-1}` bound to it with routing keys `0 … N-1`: quorum queues with
+//! `x-single-active-consumer` (the broker never delivers one queue to two consumers at once).
+//! Groups consume independently, as on Kafka; a group receives what was published once its
+//! queues exist (convoy declares them on `create_topics` and on every subscribe). Dead letters go
+//! to a stream queue (listed without being consumed). Ownership among a group's members uses
+//! exclusive queues as locks (`T.G.p{i}.owner`, `convoy.G.extra.{j}`): the broker grants each to
+//! one connection and deletes it when that connection dies. `convoy.G.members` counts the live
+//! members (each consumes it). Every declare is idempotent; one with other arguments than an
+//! existing queue's is a clear error naming the queue and what differs, never a fallback.
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ExchangeKind};
+
+use crate::error::{amqp_error, TopologyError};
+
+/// The partition queue of `group` for partition `p` of `topic`.
+pub fn partition_queue(topic: &str, group: &str, p: u32) -> String {
+    format!("{topic}.{group}.p{p}")
+}
+
+/// The lock whose holder owns that partition queue.
+pub fn owner_lock(topic: &str, group: &str, p: u32) -> String {
+    format!("{}.owner", partition_queue(topic, group, p))
+}
+
+/// The queue every member of `group` consumes: its consumer count is the number of members.
+pub fn members_queue(group: &str) -> String {
+    format!("convoy.{group}.members")
+}
+
+/// Token `j` of the members allowed one partition over the even share.
+pub fn extra_token(group: &str, j: u32) -> String {
+    format!("convoy.{group}.extra.{j}")
+}
+
+/// The routing key of partition `p`.
+pub fn routing_key(p: u32) -> String {
+    p.to_string()
+}
+
+/// Arguments of a partition queue.
+pub fn partition_args() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    args
+}
+
+/// Arguments of a dead-letter stream: kept a week, at most 1 GB.
+pub fn stream_args() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString("stream".into()));
+    args.insert("x-max-age".into(), AMQPValue::LongString("7D".into()));
+    args.insert("x-max-length-bytes".into(), AMQPValue::LongLongInt(1_000_000_000));
+    args
+}
+
+/// Runs `declare` on a channel of its own: a refused declare (406, 404) closes its channel.
+async fn on_own_channel<T, F, Fut>(conn: &Connection, declare: F) -> Result<T, TopologyError>
+where
+    F: FnOnce(Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<T, TopologyError>>,
+{
+    let channel = conn.create_channel().await.map_err(TopologyError::Broker)?;
+    let result = declare(channel.clone()).await;
+    if channel.status().connected() {
+        let _ = channel.close(200, "declared".into()).await;
+    }
+    result
+}
+
+async fn declare_queue(
+    channel: &Channel,
+    name: &str,
+    options: QueueDeclareOptions,
+    args: FieldTable,
+) -> Result<(u32, u32), TopologyError> {
+    let queue = channel
+        .queue_declare(name.into(), options, args)
+        .await
+        .map_err(|e| match amqp_error(&e) {
+            Some((406, text)) => TopologyError::Mismatch {
+                queue: name.to_owned(),
+                server: text.to_owned(),
+            },
+            _ => TopologyError::Broker(e),
+        })?;
+    Ok((queue.message_count(), queue.consumer_count()))
+}
+
+/// Declares topic `topic` for `group`: the exchange and the group's `partitions` queues, bound.
+pub async fn declare_topic(
+    conn: &Connection,
+    topic: &str,
+    group: &str,
+    partitions: u32,
+) -> Result<(), TopologyError> {
+    on_own_channel(conn, |channel| async move {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(topic.into(), ExchangeKind::Direct, durable, FieldTable::default())
+            .await
+            .map_err(|e| match amqp_error(&e) {
+                Some((406, text)) => TopologyError::Mismatch {
+                    queue: format!("exchange {topic}"),
+                    server: text.to_owned(),
+                },
+                _ => TopologyError::Broker(e),
+            })?;
+        for p in 0..partitions {
+            let queue = partition_queue(topic, group, p);
+            declare_queue(&channel, &queue, QueueDeclareOptions::durable(), partition_args()).await?;
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    topic.into(),
+                    routing_key(p).as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(TopologyError::Broker)?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Declares the dead-letter stream `name`.
+pub async fn declare_stream(conn: &Connection, name: &str) -> Result<(), TopologyError> {
+    on_own_channel(conn, |channel| async move {
+        declare_queue(&channel, name, QueueDeclareOptions::durable(), stream_args()).await?;
+        Ok(())
+    })
+    .await
+}
+
+/// Ready messages (not delivered, or returned) and consumers of a partition queue.
+pub async fn partition_depth(channel: &Channel, queue: &str) -> Result<(u32, u32), TopologyError> {
+    declare_queue(channel, queue, QueueDeclareOptions::durable(), partition_args()).await
+}
+
+/// Tries to take the exclusive lock queue `name`: false when another connection holds it.
+pub async fn try_lock(conn: &Connection, name: &str) -> Result<bool, TopologyError> {
+    on_own_channel(conn, |channel| async move {
+        let options = QueueDeclareOptions {
+            exclusive: true,
+            auto_delete: true,
+            ..QueueDeclareOptions::default()
+        };
+        match channel
+            .queue_declare(name.into(), options, FieldTable::default())
+            .await
+        {
+            Ok(_) => Ok(true),
+            // RESOURCE_LOCKED: exclusive to another connection.
+            Err(e) if amqp_error(&e).is_some_and(|(code, _)| code == 405) => Ok(false),
+            Err(e) => Err(TopologyError::Broker(e)),
+        }
+    })
+    .await
+}
+
+/// Deletes a queue (a lock this connection holds, or a test's queues).
+pub async fn delete_queue(channel: &Channel, name: &str) -> Result<(), TopologyError> {
+    channel
+        .queue_delete(name.into(), QueueDeleteOptions::default())
+        .await
+        .map(|_| ())
+        .map_err(TopologyError::Broker)
+}
+
+/// Deletes topic `topic`'s exchange and `group`'s partition queues (tests clean up with it).
+pub async fn delete_topic(
+    conn: &Connection,
+    topic: &str,
+    group: &str,
+    partitions: u32,
+) -> Result<(), TopologyError> {
+    on_own_channel(conn, |channel| async move {
+        for p in 0..partitions {
+            delete_queue(&channel, &partition_queue(topic, group, p)).await?;
+        }
+        channel
+            .exchange_delete(topic.into(), lapin::options::ExchangeDeleteOptions::default())
+            .await
+            .map_err(TopologyError::Broker)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_topic_group_and_partition() {
+        assert_eq!(partition_queue("orders", "billing", 3), "orders.billing.p3");
+        assert_eq!(owner_lock("orders", "billing", 3), "orders.billing.p3.owner");
+        assert_eq!(members_queue("billing"), "convoy.billing.members");
+        assert_eq!(extra_token("billing", 0), "convoy.billing.extra.0");
+        assert_eq!(routing_key(7), "7");
+    }
+}
