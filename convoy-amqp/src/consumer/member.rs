@@ -46,6 +46,15 @@ use crate::topology;
 /// Longest wait between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
+/// How long starting to consume a partition may take. A quorum queue without a leader (after a
+/// node restart, until its Raft group recovers) lets `basic.consume` hang, and the broker ends
+/// the whole connection about a minute later.
+const CONSUME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// After a partition could not be taken, the wait before trying it again (then doubled, up to
+/// [`MAX_BACKOFF`]): the other partitions are served meanwhile.
+const RETRY_PARTITION: Duration = Duration::from_millis(500);
+
 /// A partition this member holds.
 struct Held {
     topic: String,
@@ -74,6 +83,8 @@ pub(super) struct Session {
     token: Option<u32>,
     held: HashMap<SourceId, Held>,
     taken: u64,
+    /// Partitions that could not be taken: when to try again, and the wait after that.
+    cooling: HashMap<SourceId, (Instant, Duration)>,
     ended_tx: mpsc::UnboundedSender<SourceId>,
     ended_rx: mpsc::UnboundedReceiver<SourceId>,
 }
@@ -136,6 +147,7 @@ impl Session {
             token: None,
             held: HashMap::new(),
             taken: 0,
+            cooling: HashMap::new(),
             ended_tx,
             ended_rx,
         })
@@ -245,14 +257,31 @@ impl Session {
             }
             let (topic, p) = &partitions[(start + i) % total];
             let source = source_id(topic, *p);
-            if self.held.contains_key(&source) {
+            if self.held.contains_key(&source)
+                || self
+                    .cooling
+                    .get(&source)
+                    .is_some_and(|(until, _)| Instant::now() < *until)
+            {
                 continue;
             }
             let lock = topology::owner_lock(topic, &group, *p);
             if topology::try_lock(&self.connection, &lock).await? {
-                if let Err(e) = self.take(topic, *p).await {
-                    let _ = topology::delete_queue(&self.utility, &lock).await;
-                    return Err(e);
+                match self.take(topic, *p).await {
+                    Ok(()) => {
+                        self.cooling.remove(&source);
+                    }
+                    Err(e) => {
+                        let wait = self.cooling.get(&source).map_or(RETRY_PARTITION, |(_, w)| *w);
+                        tracing::warn!(%source, error = %e, retry_in = ?wait, "could not take the partition; serving the others meanwhile");
+                        self.cooling
+                            .insert(source, (Instant::now() + wait, (wait * 2).min(MAX_BACKOFF)));
+                        self.renew_utility().await;
+                        let _ = topology::delete_queue(&self.utility, &lock).await;
+                        if !self.connected() {
+                            return Err(e);
+                        }
+                    }
                 }
             }
         }
@@ -273,15 +302,21 @@ impl Session {
             .basic_qos(self.shared.prefetch, BasicQosOptions { global: false })
             .await
             .map_err(|e| broker("setting the prefetch", e))?;
-        let consumer = channel
-            .basic_consume(
-                queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| broker(&format!("consuming {queue}"), e))?;
+        let consume = channel.basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        );
+        let consumer = match tokio::time::timeout(CONSUME_TIMEOUT, consume).await {
+            Ok(consumer) => consumer.map_err(|e| broker(&format!("consuming {queue}"), e))?,
+            Err(_) => {
+                let _ = channel.close(200, "consume timed out".into()).await;
+                return Err(TransportError::Unavailable(format!(
+                    "{queue} did not start delivering within {CONSUME_TIMEOUT:?} (a quorum queue without a leader yet?)"
+                )));
+            }
+        };
         let source = source_id(topic, p);
         let (paused_tx, paused_rx) = watch::channel(false);
         let delivered = Arc::new(AtomicU64::new(0));
