@@ -73,6 +73,7 @@ async fn run() -> Result<ExitCode, Error> {
         .run(handler, RetryPolicy::default(), 2 * SESSIONS as u64)
         .await?;
     let dead = example.dead_letters().await?;
+    example.clean_up().await?;
     let bookings = bookings.lock().map_err(|_| "lock poisoned")?;
     println!(
         "booking: {} commands handled, {} dead-lettered",

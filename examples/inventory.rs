@@ -80,6 +80,7 @@ async fn run() -> Result<ExitCode, Error> {
     };
     let stats = example.run(handler, retry, total).await?;
     let dead = example.dead_letters().await?;
+    example.clean_up().await?;
     let stock = stock.lock().map_err(|_| "lock poisoned")?;
     println!(
         "inventory: {} changes handled, {} retried, {} dead-lettered",

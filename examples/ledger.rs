@@ -81,6 +81,7 @@ async fn run() -> Result<ExitCode, Error> {
     };
     let stats = example.run(handler, retry, total).await?;
     let dead = example.dead_letters().await?;
+    example.clean_up().await?;
     let books = books.lock().map_err(|_| "ledger lock poisoned")?;
     println!(
         "ledger: {} entries handled, {} retried, {} dead-lettered",

@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run -p convoy-examples --example ledger
 //! cargo run -p convoy-examples --example ledger -- --url kafka://127.0.0.1:9092
+//! cargo run -p convoy-examples --example ledger -- --url 'amqp://guest:guest@127.0.0.1:5672/%2f'
 //! ```
 
 use std::process::ExitCode;
@@ -20,7 +21,8 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// The examples' command line.
 #[derive(Parser, Debug)]
 struct Args {
-    /// Broker URL: memory:// (embedded, zero setup) or kafka://host:port[?parameters].
+    /// Broker URL: memory:// (embedded, zero setup), kafka://host:port[?parameters] or
+    /// amqp://user:password@host:port/vhost[?parameters].
     #[arg(long, default_value = "memory://")]
     url: String,
 }
@@ -88,6 +90,13 @@ impl Example {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(running.stop().await?.stats)
+    }
+
+    /// Deletes what the run declared where the broker keeps it (RabbitMQ's queues: the broker
+    /// is shared).
+    pub async fn clean_up(&self) -> Result<(), Error> {
+        let topic = &self.connection.endpoint().topics[0];
+        Ok(self.connection.delete_topic(topic).await?)
     }
 
     /// The dead letters of this run, with their reasons.

@@ -136,6 +136,19 @@ impl AmqpPublisher {
         Ok(channel)
     }
 
+    /// A publish failure as the caller should see it: the broker's own reason when it closed
+    /// the channel (a missing exchange is a 404 on the confirmation, then a closing channel).
+    fn failure(&self, e: lapin::Error) -> TransportError {
+        let context = format!("publishing to {}", self.target);
+        match crate::error::amqp_error(&e) {
+            Some((404, text)) => TransportError::broker(
+                context,
+                format!("{text}: declare the topic first (create_topics, or `convoy produce`, declare it)"),
+            ),
+            _ => broker(&context, e),
+        }
+    }
+
     /// The partition of a message: its key's, or round-robin for keyless messages.
     fn partition(&self, message: &OutgoingMessage, partitions: u32) -> u32 {
         match message.key.as_ref().filter(|k| !k.is_empty()) {
@@ -189,7 +202,7 @@ impl AmqpPublisher {
                 Ok(confirm) => confirm,
                 Err(e) => {
                     *open = None;
-                    return Err(broker(&format!("publishing to {}", self.target), e));
+                    return Err(self.failure(e));
                 }
             };
             pending.push(confirm);
@@ -206,7 +219,7 @@ impl AmqpPublisher {
                 Ok(Confirmation::Nack(None)) => nacked += 1,
                 Err(e) => {
                     *open = None;
-                    return Err(broker(&format!("publishing to {}", self.target), e));
+                    return Err(self.failure(e));
                 }
             }
         }

@@ -23,6 +23,12 @@ pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::CliResult
         .first()
         .cloned()
         .ok_or("name the topic to publish to with --topic (or ?topics= in the URL)")?;
+    // Idempotent: on RabbitMQ this also declares the group's queues, so what is published here
+    // is there for that group's consumers.
+    connection
+        .create_topic(&topic, connection.endpoint().partitions)
+        .await
+        .map_err(|e| e.to_string())?;
     let publisher = connection.publisher(&topic).map_err(|e| e.to_string())?;
     let mut batch = Vec::with_capacity(BATCH);
     let mut published = 0u64;

@@ -116,7 +116,15 @@ fn a_bad_url_is_one_clear_line() {
         &convoy(&["--url", "127.0.0.1:9092", "bench"]),
         &["expected scheme://address"],
     );
-    assert_one_line_error(&convoy(&["--url", "amqp://127.0.0.1", "bench"]), &["convoy-amqp"]);
+    assert_one_line_error(&convoy(&["--url", "nats://127.0.0.1", "bench"]), &["convoy-nats"]);
+    assert_one_line_error(
+        &convoy(&["--url", "amqp://guest:guest@127.0.0.1:1/%2f", "bench"]),
+        &["connecting to RabbitMQ at amqp://guest:<redacted>@127.0.0.1:1/%2f"],
+    );
+    assert_one_line_error(
+        &convoy(&["--url", "amqp://127.0.0.1:5672/%2f?prefetch=0", "consume"]),
+        &["`prefetch`"],
+    );
     assert_one_line_error(
         &convoy(&["--url", "kafka://127.0.0.1:9092?session_timeout_ms=5", "consume"]),
         &["`session_timeout_ms`", "between 1000"],

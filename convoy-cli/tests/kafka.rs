@@ -1,17 +1,11 @@
 //! The `convoy` binary against the Kafka-protocol broker named by `CONVOY_KAFKA_BOOTSTRAP`
-//! (scripts/test starts Tansu and sets it): dead-letter replay end to end, the benchmark,
-//! consume with Prometheus metrics, escaped output lines and a drain aborted by a second Ctrl-C.
+//! (scripts/test starts Tansu and sets it): the scenarios of `scenarios/`.
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod scenarios;
 
-use convoy::{
-    typed, Delivery, Engine, EngineConfig, HandlerError, MemoryIdempotencyStore, OutgoingMessage, Transport,
-};
+use scenarios::unique;
 
 fn bootstrap() -> Option<String> {
     let b = std::env::var("CONVOY_KAFKA_BOOTSTRAP")
@@ -23,14 +17,6 @@ fn bootstrap() -> Option<String> {
     b
 }
 
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{nanos:x}", std::process::id())
-}
-
 /// A URL with fast group joins (Tansu takes half the session timeout per join).
 fn url(bootstrap: &str, group: &str, topic: &str) -> String {
     format!(
@@ -38,268 +24,25 @@ fn url(bootstrap: &str, group: &str, topic: &str) -> String {
     )
 }
 
-fn convoy(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_convoy"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
-
-#[derive(serde::Deserialize)]
-struct Entry {
-    n: u32,
-}
-
-/// Runs an engine until `expected` messages finished; returns what the handler saw, in order.
-async fn consume(
-    connection: &convoy::Connection,
-    store: Arc<MemoryIdempotencyStore>,
-    fail_on: Option<u32>,
-    expected: u64,
-) -> Vec<(String, u32)> {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    let handler = typed(move |e: Entry, d: Delivery| {
-        let seen = s.clone();
-        async move {
-            let key = d.message().key_display().into_owned();
-            if Some(e.n) == fail_on && key == "acct-1" {
-                return Err(HandlerError::terminal(format!("bug: cannot apply entry {}", e.n)));
-            }
-            seen.lock().unwrap().push((key, e.n));
-            Ok(())
-        }
-    });
-    let engine = Engine::builder(handler)
-        .config(EngineConfig {
-            group: connection.endpoint().group.clone(),
-            ..EngineConfig::default()
-        })
-        .dead_letter_sink(connection.dead_letter_sink().unwrap())
-        .idempotency_store(store)
-        .build()
-        .unwrap();
-    let running = engine.spawn(connection.subscribe().await.unwrap());
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while {
-        let s = running.stats();
-        s.handled + s.dead_lettered + s.duplicates < expected
-    } {
-        assert!(Instant::now() < deadline, "not finished: {:?}", running.stats());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let report = running.stop().await.unwrap();
-    assert_eq!(
-        report.stats.duplicates, 0,
-        "nothing may be skipped as a duplicate"
-    );
-    let seen = seen.lock().unwrap().clone();
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_replayed_after_the_fix_is_handled_in_order() {
     let Some(bootstrap) = bootstrap() else { return };
     let topic = unique("replay");
-    let url = url(&bootstrap, &unique("replay-group"), &topic);
-    let connection = convoy::connect(&url).await.unwrap();
-    connection.create_topics().await.unwrap();
-    let publisher = connection.publisher(&topic).unwrap();
-    let entry = |key: &str, n: u32| OutgoingMessage::new(key.to_owned(), format!(r#"{{"n":{n}}}"#));
-    publisher
-        .publish_all(
-            (1..=3)
-                .flat_map(|n| [entry("acct-1", n), entry("acct-2", n)])
-                .collect(),
-        )
-        .await
-        .unwrap();
-    // One idempotency store for both runs: it remembers the dead-lettered original.
-    let store = Arc::new(MemoryIdempotencyStore::new(10_000));
-
-    // The buggy handler dead-letters acct-1's entry 2; the lane goes on with entry 3.
-    let first = consume(&connection, store.clone(), Some(2), 6).await;
-    let acct1: Vec<u32> = first
-        .iter()
-        .filter(|(k, _)| k == "acct-1")
-        .map(|(_, n)| *n)
-        .collect();
-    assert_eq!(acct1, [1, 3]);
-
-    let listed = convoy(&["--url", &url, "dlq", "list"]);
-    let table = String::from_utf8_lossy(&listed.stdout);
-    assert!(
-        listed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&listed.stderr)
-    );
-    assert!(
-        table.contains("acct-1") && table.contains("terminal") && table.contains("bug: cannot apply entry 2"),
-        "{table}"
-    );
-    let as_json = convoy(&["--url", &url, "dlq", "list", "--json"]);
-    let record: serde_json::Value = serde_json::from_slice(&as_json.stdout).unwrap();
-    assert_eq!(record["key"], "acct-1");
-    assert!(
-        record["original_source"]
-            .as_str()
-            .unwrap()
-            .starts_with(&format!("{topic}/")),
-        "{record}"
-    );
-    assert_eq!(record["cause"], "terminal");
-
-    // Nothing for acct-2: the selection is respected.
-    let none = convoy(&["--url", &url, "dlq", "replay", "--key", "acct-2"]);
-    assert!(String::from_utf8_lossy(&none.stderr).contains("replayed 0 dead letters"));
-    let replayed = convoy(&[
-        "--url", &url, "dlq", "replay", "--key", "acct-1", "--reason", "bug",
-    ]);
-    let stderr = String::from_utf8_lossy(&replayed.stderr);
-    assert!(
-        replayed.status.success() && stderr.contains("replayed 1 dead letters"),
-        "{stderr}"
-    );
-
-    // After the fix, the replayed entry is handled, then what acct-1 gets next.
-    publisher.publish(entry("acct-1", 4)).await.unwrap();
-    let second = consume(&connection, store, None, 2).await;
-    assert_eq!(second, [("acct-1".to_owned(), 2), ("acct-1".to_owned(), 4)]);
+    scenarios::dead_letter_replay(&url(&bootstrap, &unique("replay-group"), &topic), &topic).await;
 }
 
 #[test]
 fn bench_runs_the_seed_scenario_on_kafka() {
     let Some(bootstrap) = bootstrap() else { return };
     let url = format!("kafka://{bootstrap}?session_timeout_ms=6000&heartbeat.interval.ms=500");
-    let out = convoy(&["--url", &url, "bench", "--messages", "5000", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["transport"], "kafka");
-    assert_eq!(
-        (report["completed"].as_bool(), report["lost"].as_u64()),
-        (Some(true), Some(0))
-    );
-    assert_eq!(report["order_violations"], 0);
-    assert!(report["baseline_throughput_msg_s"].as_f64().unwrap() > 0.0);
-}
-
-fn handled_total(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("convoy_handled_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn scrape(addr: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
+    scenarios::bench_seed(&url, "kafka");
 }
 
 #[test]
 fn consume_prints_lanes_and_serves_prometheus_metrics() {
     let Some(bootstrap) = bootstrap() else { return };
     let topic = unique("consume");
-    let url = url(&bootstrap, &unique("consume-group"), &topic);
-    let mut produce = Command::new(env!("CARGO_BIN_EXE_convoy"))
-        .args(["--url", &url, "produce", "--generate", "200", "--keys", "5"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(produce.wait().unwrap().success());
-
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
-        .args(["--url", &url, "consume", "--metrics-addr", &addr])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let guard = KillOnDrop(child.id());
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut per_key: std::collections::HashMap<String, Vec<u64>> = Default::default();
-    for _ in 0..200 {
-        let line = lines.next().unwrap().unwrap();
-        // "<topic>/<p>@<offset> key=<key> attempt=<n> {"key":..,"seq":..}"
-        let key = line
-            .split(" key=")
-            .nth(1)
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap()
-            .to_owned();
-        let seq: u64 = line
-            .rsplit("\"seq\":")
-            .next()
-            .unwrap()
-            .trim_end_matches('}')
-            .parse()
-            .unwrap();
-        assert!(line.contains("attempt=1"), "{line}");
-        per_key.entry(key).or_default().push(seq);
-    }
-    assert_eq!(per_key.len(), 5);
-    for seqs in per_key.values() {
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "per-key order: {seqs:?}");
-    }
-    // The handler prints before the engine counts the message as handled: wait for the count
-    // instead of assuming which of the two happened first.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let metrics = loop {
-        let metrics = scrape(&addr);
-        if handled_total(&metrics) >= 200.0 || Instant::now() >= deadline {
-            break metrics;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(metrics.starts_with("HTTP/1.1 200 OK"), "{metrics}");
-    for name in [
-        "convoy_handled_total",
-        "convoy_active_lanes",
-        "convoy_in_flight",
-        "convoy_handler_duration_seconds",
-    ] {
-        assert!(metrics.contains(name), "{name} missing:\n{metrics}");
-    }
-    assert_eq!(handled_total(&metrics), 200.0);
-    // Ctrl-C: drain, commit, leave, report.
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let status = child.wait().unwrap();
-    let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    std::mem::forget(guard); // exited and reaped: its pid may be reused
-    assert!(status.success(), "{stderr}");
-    assert!(stderr.contains("stopped: 200 handled"), "{stderr}");
-}
-
-fn interrupt(child: &std::process::Child) {
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-}
-
-fn gauge(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    scenarios::consume_prints_and_serves_metrics(&url(&bootstrap, &unique("consume-group"), &topic));
 }
 
 /// A second Ctrl-C aborts a drain that would otherwise wait for its timeout (30 s) behind
@@ -308,85 +51,5 @@ fn gauge(metrics: &str, name: &str) -> f64 {
 async fn a_second_ctrl_c_aborts_the_drain_and_payloads_print_on_one_line() {
     let Some(bootstrap) = bootstrap() else { return };
     let topic = unique("consume-abort");
-    let url = url(&bootstrap, &unique("consume-abort-group"), &topic);
-    let connection = convoy::connect(&url).await.unwrap();
-    connection.create_topics().await.unwrap();
-    let publisher = connection.publisher(&topic).unwrap();
-    for (key, payload) in [("k1", "line one\nstill one"), ("k2", "tab\there")] {
-        publisher
-            .publish(OutgoingMessage::new(key, payload))
-            .await
-            .unwrap();
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    // Every message takes a minute: the drain can only end by its timeout, or a second Ctrl-C.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
-        .args([
-            "--url",
-            &url,
-            "consume",
-            "--work-ms",
-            "60000",
-            "--metrics-addr",
-            &addr,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let guard = KillOnDrop(child.id());
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    // Both messages are in their handlers once the engine holds two.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(&addr).is_err() || gauge(&scrape(&addr), "convoy_in_flight") < 2.0 {
-        assert!(Instant::now() < deadline, "the consumer never took both messages");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    interrupt(&child);
-    let mut seen = Vec::new();
-    for line in stderr.by_ref() {
-        let line = line.unwrap();
-        let draining = line.contains("stopping: draining");
-        seen.push(line);
-        if draining {
-            break;
-        }
-    }
-    interrupt(&child);
-    let status = child.wait().unwrap();
-    let rest: Vec<String> = stderr.map_while(Result::ok).collect();
-    std::mem::forget(guard); // exited and reaped: its pid may be reused
-    let all = [seen, rest].concat().join("\n");
-    assert_eq!(status.code(), Some(130), "{all}");
-    assert!(all.contains("second Ctrl-C: aborting the drain"), "{all}");
-    assert!(all.contains("2 cancelled unfinished"), "{all}");
-
-    // Never finished, so never committed: consumed again, each on one line, escaped.
-    let output = Command::new(env!("CARGO_BIN_EXE_convoy"))
-        .args(["--url", &url, "consume", "--max-messages", "2"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let mut lines: Vec<&str> = stdout.lines().collect();
-    lines.sort();
-    assert_eq!(lines.len(), 2, "{stdout}");
-    assert!(
-        lines[0].ends_with("key=k1 attempt=1 line one\\nstill one"),
-        "{stdout}"
-    );
-    assert!(lines[1].ends_with("key=k2 attempt=1 tab\\there"), "{stdout}");
-}
-
-/// Kills the consumer if an assertion fails first, so no process outlives the test.
-struct KillOnDrop(u32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
-    }
+    scenarios::second_ctrl_c(&url(&bootstrap, &unique("consume-abort-group"), &topic), &topic).await;
 }

@@ -1,5 +1,6 @@
 //! The README's handler, verbatim between the markers, run on the embedded broker and — the
-//! one-line change — on Kafka (when `CONVOY_KAFKA_BOOTSTRAP` is set; scripts/test sets it).
+//! one-line change — on Kafka and on RabbitMQ (when `CONVOY_KAFKA_BOOTSTRAP` and
+//! `CONVOY_AMQP_URI` are set; scripts/test sets them).
 
 #![allow(clippy::unwrap_used)]
 
@@ -78,6 +79,31 @@ async fn the_readme_ledger_on_kafka() {
         "kafka://{bootstrap}?group=billing-{unique}&session_timeout_ms=6000&heartbeat.interval.ms=500"
     );
     let balances = ledger(&url, &format!("ledger-{unique}")).await.unwrap();
+    assert_eq!(balances.len(), 100);
+    assert!(
+        balances.values().all(|b| *b == 0),
+        "no debit ran before its credit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_ledger_on_rabbitmq() {
+    let Some(uri) = std::env::var("CONVOY_AMQP_URI").ok().filter(|u| !u.is_empty()) else {
+        eprintln!("CONVOY_AMQP_URI is not set: skipping (scripts/test sets it)");
+        return;
+    };
+    let unique = format!(
+        "{}-{:x}",
+        std::process::id(),
+        std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
+    );
+    let url = format!("{uri}?group=billing-{unique}");
+    let topic = format!("ledger-{unique}");
+    let balances = ledger(&url, &topic).await;
+    // The broker is shared: delete what the run declared, whatever it returned.
+    let connection = convoy::connect(&url).await.unwrap().with_topics(&[&topic]);
+    connection.delete_topic(&topic).await.unwrap();
+    let balances = balances.unwrap();
     assert_eq!(balances.len(), 100);
     assert!(
         balances.values().all(|b| *b == 0),
