@@ -162,7 +162,7 @@ impl AmqpPublisher {
     async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
         let mut open = self.open.lock().await;
         let channel = self.channel(&mut open).await?;
-        let mut pending = Vec::with_capacity(messages.len());
+        let mut writes = Vec::with_capacity(messages.len());
         let mut receipts = Vec::with_capacity(messages.len());
         for message in messages {
             let (routing_key, source) = match self.route {
@@ -189,24 +189,35 @@ impl AmqpPublisher {
                 Route::Topic { .. } => self.target.as_str(),
                 Route::Queue => "",
             };
-            let confirm = match channel
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.as_str().into(),
-                    options,
-                    &message.payload,
-                    properties,
-                )
-                .await
-            {
-                Ok(confirm) => confirm,
+            writes.push(Box::pin(channel.basic_publish(
+                exchange.into(),
+                routing_key.as_str().into(),
+                options,
+                &message.payload,
+                properties,
+            )));
+            receipts.push(Receipt { source, offset: 0 });
+        }
+        // A publish queues its frames on its first poll, before it waits for them to be written:
+        // polling every one once, in order, sends them all in order and lets the connection
+        // write them in bulk instead of one round trip to its I/O thread per message.
+        let mut first = Vec::with_capacity(writes.len());
+        for write in &mut writes {
+            first.push(futures_util::poll!(write.as_mut()));
+        }
+        let mut pending = Vec::with_capacity(writes.len());
+        for (write, polled) in writes.into_iter().zip(first) {
+            let written = match polled {
+                std::task::Poll::Ready(written) => written,
+                std::task::Poll::Pending => write.await,
+            };
+            match written {
+                Ok(confirm) => pending.push(confirm),
                 Err(e) => {
                     *open = None;
                     return Err(self.failure(e));
                 }
-            };
-            pending.push(confirm);
-            receipts.push(Receipt { source, offset: 0 });
+            }
         }
         let mut returned = HashSet::new();
         let mut nacked = 0usize;
