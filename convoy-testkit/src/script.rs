@@ -34,9 +34,26 @@ pub struct Script {
     changed: Arc<Notify>,
 }
 
+/// What a scripted transport's control reports to the engine.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reported {
+    /// [`SourceControl::revoke_timeout`].
+    pub revoke_timeout: Option<Duration>,
+    /// [`SourceControl::credit`].
+    pub credit: Option<u64>,
+}
+
 /// A scripted subscription and the script driving it; `revoke_timeout` is what its control
 /// reports to the engine.
 pub fn scripted(revoke_timeout: Option<Duration>) -> (Script, Subscription) {
+    scripted_with(Reported {
+        revoke_timeout,
+        ..Reported::default()
+    })
+}
+
+/// A scripted subscription whose control reports `reported`.
+pub fn scripted_with(reported: Reported) -> (Script, Subscription) {
     let (events, rx) = event_channel(8);
     let script = Script {
         events,
@@ -46,7 +63,7 @@ pub fn scripted(revoke_timeout: Option<Duration>) -> (Script, Subscription) {
     };
     let control = ScriptControl {
         script: script.clone(),
-        revoke_timeout,
+        reported,
     };
     (
         script,
@@ -137,7 +154,7 @@ impl Script {
 
 struct ScriptControl {
     script: Script,
-    revoke_timeout: Option<Duration>,
+    reported: Reported,
 }
 
 #[async_trait]
@@ -166,7 +183,11 @@ impl SourceControl for ScriptControl {
     }
 
     fn revoke_timeout(&self) -> Option<Duration> {
-        self.revoke_timeout
+        self.reported.revoke_timeout
+    }
+
+    fn credit(&self) -> Option<u64> {
+        self.reported.credit
     }
 
     async fn close(&self) -> Result<(), TransportError> {

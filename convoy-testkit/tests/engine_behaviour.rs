@@ -12,11 +12,12 @@ use std::time::Duration;
 use convoy_core::dead_letter::{DL_ATTEMPTS, DL_CAUSE, DL_ERROR};
 use convoy_core::{
     handler_fn, Backoff, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError, Jitter,
-    KeylessPolicy, OnExhausted, OutgoingMessage, Publisher, RetryPolicy,
+    KeylessPolicy, OnExhausted, OutgoingMessage, Publisher, RetryPolicy, SourceId,
 };
 use convoy_testkit::conformance::{test_config, TestBed};
 use convoy_testkit::memory::{MemoryBed, MemoryTarget};
 use convoy_testkit::probe::{probe_key, publish_load, FaultPlan, ProbeHandler, RecordingSink};
+use convoy_testkit::script::{message, scripted_with, Reported};
 use convoy_testkit::{MemoryBroker, OrderChecker};
 use tokio::time::Instant;
 
@@ -384,6 +385,48 @@ async fn commits_are_batched_by_count_and_by_timer() {
         "the timer commits the rest"
     );
     engine.stop().await.unwrap();
+}
+
+/// A transport that delivers nothing more of a source until it commits (RabbitMQ's prefetch)
+/// is committed as soon as half its credit is finished, not after `commit_every` or the timer:
+/// otherwise each source would crawl at one credit per `commit_interval`.
+#[tokio::test(start_paused = true)]
+async fn a_credit_limited_source_is_committed_at_half_its_credit() {
+    let (script, subscription) = scripted_with(Reported {
+        credit: Some(10),
+        ..Reported::default()
+    });
+    let handler = handler_fn(|_d: Delivery| async { Ok::<(), HandlerError>(()) });
+    let mut config = test_config("credit");
+    config.commit_every = 1_000;
+    config.commit_interval = Duration::from_secs(3600);
+    let engine = Engine::builder(handler)
+        .config(config)
+        .dead_letter_sink(MemoryTarget::new().memory_bed(1).dead_letter_sink())
+        .build()
+        .unwrap()
+        .spawn(subscription);
+    let source = SourceId::new("credit/0");
+    let start = Instant::now();
+    script.assign(&source);
+    // Delivery tags start at 1; the credit of 10 is all delivered.
+    let batch = (1..=10)
+        .map(|o| message(&source, o, Some(&format!("k{o}")), "x"))
+        .collect();
+    script.messages(&source, batch).await;
+    script.wait_for(|s| s.commits().iter().any(|c| c.next >= 6)).await;
+    // The paused clock jumps to the commit timer whenever the runtime idles: a commit before
+    // it was due to credit.
+    assert!(
+        start.elapsed() < Duration::from_secs(3600),
+        "committed by the timer, not by credit"
+    );
+    engine.stop().await.unwrap();
+    assert_eq!(
+        script.commits().last().map(|c| c.next),
+        Some(11),
+        "the rest at shutdown"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -107,6 +107,12 @@ impl SourceControl for AmqpControl {
         newest
     }
 
+    /// The prefetch: a partition channel receives nothing more while that many of its
+    /// deliveries are unacknowledged.
+    fn credit(&self) -> Option<u64> {
+        Some(u64::from(self.shared.prefetch))
+    }
+
     fn revoke_timeout(&self) -> Option<Duration> {
         Some(self.shared.config.revoke_timeout())
     }

@@ -159,6 +159,13 @@ pub trait SourceControl: Send + Sync + 'static {
     fn revoke_timeout(&self) -> Option<Duration> {
         None
     }
+    /// How many delivered messages of one source may stand uncommitted before the transport
+    /// stops delivering that source (RabbitMQ's prefetch: acknowledgements grant credit).
+    /// The engine then commits a source as soon as half of it is finished, instead of waiting
+    /// for `commit_every` or `commit_interval`. `None`: delivery never waits for commits.
+    fn credit(&self) -> Option<u64> {
+        None
+    }
     /// Leaves gracefully (after the final commit).
     async fn close(&self) -> Result<(), TransportError>;
 }

@@ -5,7 +5,9 @@
 //! A source is committed when its watermark moved, and — for transports that keep the finished
 //! offsets above the watermark (an offset map) — also when only that set grew, which is exactly
 //! when a head message retrying for long makes the map matter. Commits are batched: every
-//! `commit_every` finished messages or `commit_interval`, on revoke and at shutdown.
+//! `commit_every` finished messages or `commit_interval`, on revoke and at shutdown — and, for a
+//! transport whose delivery waits for commits (RabbitMQ's prefetch), as soon as a source has
+//! finished half its credit.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -135,15 +137,21 @@ impl Intake {
             return false;
         }
         tracing::trace!(?commits, "committing");
+        for entry in &entries {
+            if let Some(state) = self.sources.get_mut(entry.slot as usize).and_then(Option::as_mut) {
+                state.commit_base = entry.next;
+            }
+        }
         self.committer
             .start(self.control.clone(), commits, entries, timeout, revoke);
         true
     }
 
-    /// Starts the periodic commit when it is due (by count, or by time) and the committer is
-    /// free.
+    /// Starts the periodic commit when it is due (by credit, count, or time) and the committer
+    /// is free.
     pub(super) fn maybe_commit(&mut self) {
-        let due = self.finished_since_commit >= self.config.commit_every
+        let due = self.credit_due
+            || self.finished_since_commit >= self.config.commit_every
             || self.last_commit.elapsed() >= self.config.commit_interval;
         if due && !self.committer.busy() {
             self.commit_now();
@@ -163,6 +171,7 @@ impl Intake {
 
     fn commit_now(&mut self) {
         self.finished_since_commit = 0;
+        self.credit_due = false;
         self.last_commit = Instant::now();
         let next = super::after(self.config.commit_interval);
         self.commit_timer.as_mut().reset(next);

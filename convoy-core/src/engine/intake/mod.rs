@@ -76,6 +76,10 @@ pub(crate) struct Intake {
     next_revoke: u64,
     committer: Committer,
     finished_since_commit: usize,
+    /// Half the transport's credit per source, when it has one ([`SourceControl::credit`]),
+    /// and whether a source has finished that much since its last commit.
+    credit_commit: Option<u64>,
+    credit_due: bool,
     last_commit: Instant,
     /// Fires `commit_interval` after the last commit started. One timer, reset per commit: a
     /// timer created per loop turn costs more than the engine's whole per-message work.
@@ -114,6 +118,7 @@ impl Intake {
         let commit_timer = Box::pin(tokio::time::sleep_until(after(parts.config.commit_interval)));
         let shard_count = parts.shards.len();
         let control: Arc<dyn SourceControl> = Arc::from(parts.subscription.control);
+        let credit_commit = control.credit().map(|c| (c / 2).max(1));
         Intake {
             metrics: IntakeMetrics::new(&parts.config.group),
             config: parts.config,
@@ -136,6 +141,8 @@ impl Intake {
             next_revoke: 0,
             committer: Committer::default(),
             finished_since_commit: 0,
+            credit_commit,
+            credit_due: false,
             last_commit: Instant::now(),
             commit_timer,
             stopping: None,

@@ -31,6 +31,9 @@ pub(super) struct SourceState {
     pub fetch_paused: Option<bool>,
     /// The last position committed (every offset below it finished).
     pub committed: Option<Offset>,
+    /// The position the last commit started with covers (the committed one at first): how far
+    /// the watermark moved since tells when a credit-limited source needs a commit.
+    pub commit_base: Offset,
     /// Changes worth a commit so far (the watermark moved; for transports that keep an offset
     /// map, also the finished set grew), and how many of them a confirmed commit covers.
     pub changes: u64,
@@ -88,6 +91,7 @@ impl Intake {
             window_gate: Gate::new(bp.window_high, bp.window_low),
             fetch_paused: None,
             committed: a.committed.map(|c| c + 1),
+            commit_base: a.committed.map_or(0, |c| c + 1),
             changes: 0,
             committed_changes: 0,
             revoking: false,
@@ -183,6 +187,14 @@ impl Intake {
             }
             let progress = state.tracker.finish(c.seq);
             state.record(progress, wants_above);
+            if let (Progress::Watermark, Some(half), Some(w)) =
+                (progress, self.credit_commit, state.tracker.watermark())
+            {
+                // The transport delivers no more of this source until it commits.
+                if (w + 1).saturating_sub(state.commit_base) >= half {
+                    self.credit_due = true;
+                }
+            }
             state.held = state.held.saturating_sub(1);
             state.held_bytes = state.held_bytes.saturating_sub(c.weight as usize);
             finished += 1;
