@@ -89,12 +89,25 @@ impl TraceContext {
 
     /// The trace id as 32 lowercase hex digits.
     pub fn trace_id_hex(&self) -> String {
-        self.trace_id.iter().map(|b| format!("{b:02x}")).collect()
+        let mut hex = String::with_capacity(32);
+        push_hex(&mut hex, &self.trace_id);
+        hex
     }
 
     /// The span id as 16 lowercase hex digits.
     pub fn span_id_hex(&self) -> String {
-        self.span_id.iter().map(|b| format!("{b:02x}")).collect()
+        let mut hex = String::with_capacity(16);
+        push_hex(&mut hex, &self.span_id);
+        hex
+    }
+}
+
+/// Appends `bytes` as lowercase hex (one header per published message: no `format!` per byte).
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
 }
 
@@ -108,13 +121,14 @@ fn random_span_id(rng: &mut fastrand::Rng) -> [u8; 8] {
 
 impl fmt::Display for TraceContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "00-{}-{}-{:02x}",
-            self.trace_id_hex(),
-            self.span_id_hex(),
-            self.flags
-        )
+        let mut header = String::with_capacity(55);
+        header.push_str("00-");
+        push_hex(&mut header, &self.trace_id);
+        header.push('-');
+        push_hex(&mut header, &self.span_id);
+        header.push('-');
+        push_hex(&mut header, &[self.flags]);
+        f.write_str(&header)
     }
 }
 

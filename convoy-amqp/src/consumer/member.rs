@@ -251,8 +251,9 @@ impl Session {
         }
         // Start at a different place than the other members, so they rarely race for a lock.
         let start = (self.me % total.max(1) as u64) as usize;
+        let mut locked = Vec::new();
         for i in 0..total {
-            if self.held.len() >= quota {
+            if self.held.len() + locked.len() >= quota {
                 break;
             }
             let (topic, p) = &partitions[(start + i) % total];
@@ -265,58 +266,46 @@ impl Session {
             {
                 continue;
             }
-            let lock = topology::owner_lock(topic, &group, *p);
-            if topology::try_lock(&self.connection, &lock).await? {
-                match self.take(topic, *p).await {
-                    Ok(()) => {
-                        self.cooling.remove(&source);
-                    }
-                    Err(e) => {
-                        let wait = self.cooling.get(&source).map_or(RETRY_PARTITION, |(_, w)| *w);
-                        tracing::warn!(%source, error = %e, retry_in = ?wait, "could not take the partition; serving the others meanwhile");
-                        self.cooling
-                            .insert(source, (Instant::now() + wait, (wait * 2).min(MAX_BACKOFF)));
-                        self.renew_utility().await;
-                        let _ = topology::delete_queue(&self.utility, &lock).await;
-                        if !self.connected() {
-                            return Err(e);
-                        }
-                    }
+            if topology::try_lock(&self.connection, &topology::owner_lock(topic, &group, *p)).await? {
+                locked.push((topic.clone(), *p, source));
+            }
+        }
+        // Started together: each start is a few round trips, which a busy broker answers slowly.
+        let starts = locked.iter().map(|(topic, p, _)| {
+            open_partition(
+                &self.connection,
+                topology::partition_queue(topic, &group, *p),
+                self.shared.prefetch,
+            )
+        });
+        let opened = futures_util::future::join_all(starts).await;
+        let mut failure = None;
+        for ((topic, p, source), opened) in locked.into_iter().zip(opened) {
+            match opened {
+                Ok((queue, channel, consumer)) => {
+                    self.cooling.remove(&source);
+                    self.register(&topic, p, queue, channel, consumer);
+                }
+                Err(e) => {
+                    let wait = self.cooling.get(&source).map_or(RETRY_PARTITION, |(_, w)| *w);
+                    tracing::warn!(%source, error = %e, retry_in = ?wait, "could not take the partition; serving the others meanwhile");
+                    self.cooling
+                        .insert(source, (Instant::now() + wait, (wait * 2).min(MAX_BACKOFF)));
+                    self.renew_utility().await;
+                    let _ =
+                        topology::delete_queue(&self.utility, &topology::owner_lock(&topic, &group, p)).await;
+                    failure = Some(e);
                 }
             }
         }
-        Ok(())
+        match failure {
+            Some(e) if !self.connected() => Err(e),
+            _ => Ok(()),
+        }
     }
 
-    /// Starts consuming a partition whose lock this member holds.
-    async fn take(&mut self, topic: &str, p: u32) -> Result<(), TransportError> {
-        let config = &self.shared.config;
-        let queue = topology::partition_queue(topic, &config.group, p);
-        let channel = self
-            .connection
-            .create_channel()
-            .await
-            .map_err(|e| broker("opening a partition channel", e))?;
-        // Per consumer, never global: a global prefetch on a quorum queue closes the connection.
-        channel
-            .basic_qos(self.shared.prefetch, BasicQosOptions { global: false })
-            .await
-            .map_err(|e| broker("setting the prefetch", e))?;
-        let consume = channel.basic_consume(
-            queue.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        );
-        let consumer = match tokio::time::timeout(CONSUME_TIMEOUT, consume).await {
-            Ok(consumer) => consumer.map_err(|e| broker(&format!("consuming {queue}"), e))?,
-            Err(_) => {
-                let _ = channel.close(200, "consume timed out".into()).await;
-                return Err(TransportError::Unavailable(format!(
-                    "{queue} did not start delivering within {CONSUME_TIMEOUT:?} (a quorum queue without a leader yet?)"
-                )));
-            }
-        };
+    /// Serves a partition this member holds the lock of and has started consuming.
+    fn register(&mut self, topic: &str, p: u32, queue: String, channel: Channel, consumer: Consumer) {
         let source = source_id(topic, p);
         let (paused_tx, paused_rx) = watch::channel(false);
         let delivered = Arc::new(AtomicU64::new(0));
@@ -355,7 +344,6 @@ impl Session {
             },
         );
         tracing::info!(%source, "partition taken");
-        Ok(())
     }
 
     /// Hands partitions over: stop reading, revoke (the engine drains and commits, bounded by
@@ -463,6 +451,41 @@ impl Session {
             tracing::debug!(error = %e, "closing the connection");
         }
         tracing::info!(group = %self.shared.config.group, "left the group");
+    }
+}
+
+/// Starts consuming a partition queue on a channel of its own, with the partition prefetch.
+async fn open_partition(
+    connection: &Connection,
+    queue: String,
+    prefetch: u16,
+) -> Result<(String, Channel, Consumer), TransportError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| broker("opening a partition channel", e))?;
+    // Per consumer, never global: a global prefetch on a quorum queue closes the connection.
+    channel
+        .basic_qos(prefetch, BasicQosOptions { global: false })
+        .await
+        .map_err(|e| broker("setting the prefetch", e))?;
+    let consume = channel.basic_consume(
+        queue.as_str().into(),
+        "".into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    );
+    match tokio::time::timeout(CONSUME_TIMEOUT, consume).await {
+        Ok(consumer) => {
+            let consumer = consumer.map_err(|e| broker(&format!("consuming {queue}"), e))?;
+            Ok((queue, channel, consumer))
+        }
+        Err(_) => {
+            let _ = channel.close(200, "consume timed out".into()).await;
+            Err(TransportError::Unavailable(format!(
+                "{queue} did not start delivering within {CONSUME_TIMEOUT:?} (a quorum queue without a leader yet?)"
+            )))
+        }
     }
 }
 
