@@ -38,10 +38,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use convoy_core::partitioner::partition_for_key;
-use convoy_core::{
-    DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TraceContext, TransportError,
-    EVENT_ID_HEADER,
-};
+use convoy_core::{DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TransportError};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection};
@@ -254,26 +251,11 @@ impl AmqpPublisher {
     }
 }
 
-/// A fresh event id: 128 random bits as hex.
-fn new_event_id() -> String {
-    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
-}
-
-/// Gives a message an event id and a trace context unless it carries them already.
-fn stamp(message: &mut OutgoingMessage) {
-    if message.headers.get(EVENT_ID_HEADER).is_none() {
-        message.headers.insert(EVENT_ID_HEADER, new_event_id());
-    }
-    if TraceContext::extract(&message.headers).is_none() {
-        TraceContext::new_root().inject(&mut message.headers);
-    }
-}
-
 #[async_trait]
 impl Publisher for AmqpPublisher {
     async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
         if self.stamp {
-            stamp(&mut message);
+            message.stamp();
         }
         let mut receipts = self.send_all(std::slice::from_ref(&message)).await?;
         receipts.pop().ok_or(TransportError::Closed)
@@ -281,7 +263,7 @@ impl Publisher for AmqpPublisher {
 
     async fn publish_all(&self, mut messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
         if self.stamp {
-            messages.iter_mut().for_each(stamp);
+            messages.iter_mut().for_each(OutgoingMessage::stamp);
         }
         self.send_all(&messages).await
     }

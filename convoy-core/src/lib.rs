@@ -8,7 +8,8 @@
 //! - [`message`]: keys, payloads, headers, sources, offsets, event ids;
 //! - [`partitioner`]: key → partition, the same (Kafka's murmur2) for every broker;
 //! - [`transport`]: the contract adapters implement (subscription events, pause/resume,
-//!   commit, publisher);
+//!   commit, leases, publisher);
+//! - [`balance`]: fair shares of partitions for transports whose members balance themselves;
 //! - [`engine`]: intake → shards → lanes → handler, with completions feeding the watermark;
 //! - [`handler`] and [`typed`](mod@typed): the handler contract and the serde-decoding layer;
 //! - [`retry`]: backoff, jitter and limits for in-lane retry;
@@ -21,6 +22,7 @@
 //! - [`config`]: engine configuration and its validation.
 
 pub mod backpressure;
+pub mod balance;
 pub mod config;
 pub mod dead_letter;
 pub mod engine;
@@ -44,7 +46,7 @@ pub use message::{EventId, Headers, Message, Offset, OutgoingMessage, SourceId, 
 pub use retry::{Backoff, Jitter, OnExhausted, RetryPolicy};
 pub use trace_context::TraceContext;
 pub use transport::{
-    event_channel, Assignment, Commit, EventReceiver, EventSender, PrefetchLimit, Publisher, Receipt,
+    event_channel, Assignment, Commit, EventReceiver, EventSender, Lease, PrefetchLimit, Publisher, Receipt,
     RevokeAck, SourceControl, SourceEvent, Subscription, Transport, TransportError,
 };
 pub use typed::{typed, Codec, Json};

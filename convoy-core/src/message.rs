@@ -201,6 +201,21 @@ impl OutgoingMessage {
     pub fn event_id(self, id: impl Into<Bytes>) -> Self {
         self.header(EVENT_ID_HEADER, id)
     }
+
+    /// Gives the message what every convoy publisher adds unless it is there already: a fresh
+    /// event id (128 random bits as hex) and a root trace context (`traceparent`).
+    pub fn stamp(&mut self) {
+        if self.headers.get(EVENT_ID_HEADER).is_none() {
+            let mut rng = fastrand::Rng::new();
+            self.headers.insert(
+                EVENT_ID_HEADER,
+                format!("{:016x}{:016x}", rng.u64(..), rng.u64(..)),
+            );
+        }
+        if crate::TraceContext::extract(&self.headers).is_none() {
+            crate::TraceContext::new_root().inject(&mut self.headers);
+        }
+    }
 }
 
 #[cfg(test)]

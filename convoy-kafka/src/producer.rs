@@ -5,10 +5,7 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use convoy_core::{
-    DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TraceContext, TransportError,
-    EVENT_ID_HEADER,
-};
+use convoy_core::{DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TransportError};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
@@ -122,34 +119,18 @@ impl KafkaPublisher {
     }
 }
 
-/// A fresh event id: 128 random bits as hex.
-fn new_event_id() -> String {
-    let mut rng = fastrand::Rng::new();
-    format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
-}
-
-/// Gives a message an event id and a trace context unless it carries them already.
-fn stamp(message: &mut OutgoingMessage) {
-    if message.headers.get(EVENT_ID_HEADER).is_none() {
-        message.headers.insert(EVENT_ID_HEADER, new_event_id());
-    }
-    if TraceContext::extract(&message.headers).is_none() {
-        TraceContext::new_root().inject(&mut message.headers);
-    }
-}
-
 #[async_trait]
 impl Publisher for KafkaPublisher {
     async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
         if self.stamp {
-            stamp(&mut message);
+            message.stamp();
         }
         self.send(&message).await
     }
 
     async fn publish_all(&self, mut messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
         if self.stamp {
-            messages.iter_mut().for_each(stamp);
+            messages.iter_mut().for_each(OutgoingMessage::stamp);
         }
         self.send_all(&messages).await
     }

@@ -742,6 +742,7 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
                         source: source_id(&tp.0, tp.1),
                         committed: next.checked_sub(1),
                         finished_above,
+                        lease: None,
                     });
                 }
             }

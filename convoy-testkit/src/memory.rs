@@ -176,6 +176,7 @@ impl ConformanceTarget for MemoryTarget {
             // one the fetch loop holds while waiting to send it.
             max_prefetch: (convoy_memory::broker::EVENT_CAPACITY + 2) * CONFORMANCE_BATCH,
             positions: crate::conformance::Positions::Log,
+            deduplicates_publishes: false,
         }
     }
 

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use convoy_core::{
-    handler_fn, Delivery, Engine, EngineConfig, EngineError, EngineHandle, Handler, HandlerError, SourceId,
+    handler_fn, Assignment, Delivery, Engine, EngineConfig, EngineError, EngineHandle, Handler, HandlerError,
+    Lease, SourceEvent, SourceId,
 };
 use convoy_testkit::conformance::{test_config, TestBed};
 use convoy_testkit::memory::MemoryTarget;
@@ -337,4 +338,69 @@ async fn abort_chaos(seed: u64) -> convoy_testkit::CheckReport {
         engine.stop().await.unwrap();
     }
     checker.report()
+}
+
+/// A source held by lease: once the lease ran out, nothing of it starts — not a queued message
+/// behind a slow one, not the next attempt of a retrying one — while what was already running
+/// ends by itself. A member frozen past its lease (SIGSTOP, a long pause) wakes up with every
+/// task runnable at once; this is what keeps it from handling a partition another member owns.
+#[tokio::test(start_paused = true)]
+async fn nothing_of_a_source_starts_after_its_lease_ran_out() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let calls = Arc::new(std::sync::Mutex::new(Vec::<(String, u64)>::new()));
+    let handler = {
+        let (release, calls) = (release.clone(), calls.clone());
+        handler_fn(move |d: Delivery| {
+            let key = d.message().key_display().into_owned();
+            calls.lock().unwrap().push((key.clone(), d.message().offset));
+            let release = release.clone();
+            async move {
+                match key.as_str() {
+                    "slow" => release.notified().await,
+                    "flaky" => return Err(HandlerError::retry_after("not yet", Duration::from_millis(100))),
+                    _ => {}
+                }
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let (script, subscription) = scripted(Some(Duration::from_secs(60)));
+    let running = engine(handler, config(Duration::from_secs(5))).spawn(subscription);
+    let source = SourceId::new("t/0");
+    let lease = Lease::new(Instant::now() + Duration::from_secs(1));
+    script.control(SourceEvent::Assigned(vec![
+        Assignment::new(source.clone(), None).with_lease(lease.clone())
+    ]));
+    let batch = vec![
+        message(&source, 0, Some("slow"), "x"),
+        message(&source, 1, Some("slow"), "x"),
+        message(&source, 2, Some("flaky"), "x"),
+    ];
+    script.messages(&source, batch).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let flaky_before = calls.lock().unwrap().iter().filter(|(k, _)| k == "flaky").count();
+    assert!(
+        flaky_before >= 2,
+        "the flaky message was retrying: {flaky_before}"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!lease.is_valid());
+    let flaky_at_expiry = calls.lock().unwrap().iter().filter(|(k, _)| k == "flaky").count();
+    release.notify_waiters(); // the slow handler running since before the expiry ends now
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let calls = calls.lock().unwrap().clone();
+    assert!(
+        !calls.contains(&("slow".into(), 1)),
+        "the message queued behind the slow one started after the lease ran out: {calls:?}"
+    );
+    let flaky_after = calls.iter().filter(|(k, _)| k == "flaky").count();
+    assert_eq!(
+        flaky_after, flaky_at_expiry,
+        "the flaky message kept retrying after the lease ran out"
+    );
+    let report = running.stop().await.unwrap();
+    assert_eq!(
+        report.stats.handled, 1,
+        "only the message running at the expiry finished"
+    );
 }

@@ -8,10 +8,9 @@
 //!   the partition queue; its single-active-consumer flag is the broker-enforced second line.
 //! - **How many members**: every member consumes `convoy.G.members`; its consumer count is the
 //!   number of live members M.
-//! - **Fair shares**: with S partitions, every member may hold `⌊S/M⌋`, and `S mod M` members
-//!   one more — those holding an extra token (`convoy.G.extra.{j}`, `j < S mod M`, exclusive
-//!   queues too). The shares add up to S exactly, so once membership is stable a member below
-//!   its share always finds a free partition, and every member ends within ±1 of S/M.
+//! - **Fair shares** ([`convoy_core::balance`]): with S partitions, every member may hold
+//!   `⌊S/M⌋`, and `S mod M` members one more — those holding an extra token
+//!   (`convoy.G.extra.{j}`, `j < S mod M`, exclusive queues too).
 //! - **Handover**: a member over its share stops reading the partition, sends `Revoked` with its
 //!   deadline, waits for the engine (drained, committed: `basic.ack(W, multiple)`), closes the
 //!   channel — its unacknowledged messages return to the head of the queue, in order — and only
@@ -29,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
+use convoy_core::balance::{rotation, surplus, FairShare};
 use convoy_core::{Assignment, RevokeAck, SourceEvent, SourceId, TransportError};
 use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -214,31 +214,26 @@ impl Session {
     async fn balance(&mut self) -> Result<(), TransportError> {
         let members = self.member_count().await?;
         let partitions = all_partitions(&self.shared);
-        let total = partitions.len();
-        let (floor, extra) = (total / members, total % members);
+        let share = FairShare::new(partitions.len(), members);
         let group = self.shared.config.group.clone();
-        if let Some(j) = self.token.filter(|j| *j as usize >= extra) {
+        if let Some(j) = self.token.filter(|j| !share.token_counts(*j)) {
             topology::delete_queue(&self.utility, &topology::extra_token(&group, j)).await?;
             self.token = None;
         }
         if self.token.is_none() {
-            for j in 0..extra as u32 {
+            for j in 0..share.extra_tokens() as u32 {
                 if topology::try_lock(&self.connection, &topology::extra_token(&group, j)).await? {
                     self.token = Some(j);
                     break;
                 }
             }
         }
-        let quota = floor + usize::from(self.token.is_some());
-        if self.held.len() > quota {
-            let mut newest: Vec<(u64, SourceId)> =
-                self.held.iter().map(|(s, h)| (h.taken, s.clone())).collect();
-            newest.sort_unstable_by_key(|(taken, _)| std::cmp::Reverse(*taken));
-            let release: Vec<SourceId> = newest
-                .into_iter()
-                .take(self.held.len() - quota)
-                .map(|(_, s)| s)
-                .collect();
+        let quota = share.quota(self.token);
+        let release = surplus(
+            self.held.iter().map(|(s, h)| (h.taken, s.clone())).collect(),
+            quota,
+        );
+        if !release.is_empty() {
             tracing::info!(
                 members,
                 quota,
@@ -249,14 +244,12 @@ impl Session {
             self.hand_over(release).await;
             return Ok(());
         }
-        // Start at a different place than the other members, so they rarely race for a lock.
-        let start = (self.me % total.max(1) as u64) as usize;
         let mut locked = Vec::new();
-        for i in 0..total {
+        for i in rotation(partitions.len(), self.me) {
             if self.held.len() + locked.len() >= quota {
                 break;
             }
-            let (topic, p) = &partitions[(start + i) % total];
+            let (topic, p) = &partitions[i];
             let source = source_id(topic, *p);
             if self.held.contains_key(&source)
                 || self

@@ -184,6 +184,7 @@ impl ConformanceTarget for AmqpTarget {
         Capabilities {
             max_prefetch: (EVENT_CAPACITY + 4) * MAX_BATCH,
             positions: Positions::Delivery,
+            deduplicates_publishes: false,
         }
     }
 

@@ -21,7 +21,7 @@ use crate::message::{EventId, Message};
 use crate::metrics::LaneMetrics;
 use crate::retry::{Backoff, OnExhausted, RetryPolicy};
 use crate::trace_context::TraceContext;
-use crate::transport::TransportError;
+use crate::transport::{Lease, TransportError};
 
 /// Everything a lane needs, shared by all lanes of an engine. Its trait objects are called
 /// through an explicit deref (`(*ctx.handler).handle(…)`): method lookup would otherwise pick the
@@ -46,6 +46,9 @@ pub(crate) enum Outcome {
     DeadLettered,
     /// Not finished, and never will be by this engine: the dead-letter sink failed fatally.
     Fatal(TransportError),
+    /// Not finished: the source's lease ran out before an attempt could start (the source is
+    /// someone else's now, or about to be).
+    Fenced,
 }
 
 /// A failed attempt, classified for the retry decision.
@@ -93,12 +96,14 @@ pub(crate) async fn process(
     message: Arc<Message>,
     check_duplicate: bool,
     received: Instant,
+    lease: Option<Lease>,
 ) -> Outcome {
     let lane = Lane {
         ctx: &ctx,
         stats: &stats,
         calls: calls.as_deref(),
         check_duplicate,
+        lease: lease.as_ref(),
     };
     // DEBUG, not INFO: an application's usual INFO subscriber must not format a span per message.
     let span = tracing::debug_span!(
@@ -129,9 +134,15 @@ struct Lane<'a> {
     stats: &'a ShardStats,
     calls: Option<&'a CallSlots>,
     check_duplicate: bool,
+    lease: Option<&'a Lease>,
 }
 
 impl Lane<'_> {
+    /// True once the source's lease ran out: nothing more of it may start here.
+    fn fenced(&self) -> bool {
+        self.lease.is_some_and(|l| !l.is_valid())
+    }
+
     async fn handle_to_the_end(
         &self,
         message: Arc<Message>,
@@ -139,6 +150,9 @@ impl Lane<'_> {
         span: tracing::Span,
     ) -> Outcome {
         let (ctx, stats) = (self.ctx, self.stats);
+        if self.fenced() {
+            return Outcome::Fenced;
+        }
         ctx.metrics.queue_time.record(received.elapsed().as_secs_f64());
         let event_id = ctx.idempotency.as_ref().map(|_| message.event_id());
         let check = |id: &EventId| self.check_duplicate || matches!(id, EventId::Header(_));
@@ -177,6 +191,10 @@ impl Lane<'_> {
                     Some(calls) => Some(calls.acquire().await),
                     None => None,
                 };
+                // Checked last before the call: waiting for a call slot or a backoff may outlast it.
+                if self.fenced() {
+                    break Outcome::Fenced;
+                }
                 attempt_once(ctx, Delivery::received_at(message.clone(), attempt, received)).await
             };
             ctx.metrics
@@ -237,7 +255,7 @@ impl Lane<'_> {
         if let (Some(store), Some(id), false) = (
             &self.ctx.idempotency,
             event_id,
-            matches!(outcome, Outcome::Fatal(_)),
+            matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced),
         ) {
             (**store).insert(id).await;
         }

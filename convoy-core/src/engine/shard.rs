@@ -27,7 +27,7 @@ use super::lane::{self, LaneContext, Outcome};
 use super::slots::CallSlots;
 use super::stats::ShardStats;
 use crate::message::Message;
-use crate::transport::TransportError;
+use crate::transport::{Lease, TransportError};
 use crate::watermark::Seq;
 
 /// Identifies a lane inside a shard.
@@ -56,6 +56,8 @@ pub(crate) struct Work {
     /// its position would match the message the offset held before, so it is not checked.
     pub check_duplicate: bool,
     pub received: Instant,
+    /// The source's lease, when it is held by one: no attempt starts once it ran out.
+    pub lease: Option<Lease>,
 }
 
 /// A finished message reported back to the intake for the watermark.
@@ -186,6 +188,7 @@ impl Launcher {
             message.clone(),
             work.check_duplicate,
             work.received,
+            work.lease,
         );
         let launch = Launch {
             lane: work.lane,
@@ -362,23 +365,33 @@ impl Shard {
                 return;
             }
         };
-        if let Outcome::Fatal(error) = outcome {
-            // The lane stays blocked: the engine stops on this report.
-            let _ = self.reports.send(ShardReport::Fatal(error));
-            return;
-        }
+        let finished_it = match outcome {
+            Outcome::Fatal(error) => {
+                // The lane stays blocked: the engine stops on this report.
+                let _ = self.reports.send(ShardReport::Fatal(error));
+                return;
+            }
+            // Never finished here: the transport reports the source lost, and its next owner
+            // handles the message.
+            Outcome::Fenced => false,
+            Outcome::Handled | Outcome::Duplicate | Outcome::DeadLettered => true,
+        };
         // One lookup per finished message: complete it, then start the next or drop the lane.
         let Entry::Occupied(mut entry) = self.lanes.entry(finished.lane) else {
             return;
         };
         let lane = entry.get_mut();
         match lane.busy.take() {
-            Some(busy) if busy.ticket == finished.ticket => self.pending.push(Completion {
-                slot: busy.slot,
-                weight: u32::try_from(busy.weight).unwrap_or(u32::MAX),
-                epoch: busy.epoch,
-                seq: busy.seq,
-            }),
+            Some(busy) if busy.ticket == finished.ticket => {
+                if finished_it {
+                    self.pending.push(Completion {
+                        slot: busy.slot,
+                        weight: u32::try_from(busy.weight).unwrap_or(u32::MAX),
+                        epoch: busy.epoch,
+                        seq: busy.seq,
+                    });
+                }
+            }
             other => {
                 lane.busy = other; // a stale finish (the message was cancelled and replaced)
                 return;

@@ -26,6 +26,9 @@ use async_trait::async_trait;
 use crate::message::{Offset, OutgoingMessage, SourceId};
 
 mod events;
+mod lease;
+
+pub use lease::Lease;
 
 pub use events::{
     event_channel, EventReceiver, EventSender, EventsClosed, RevokeAck, SourceEvent, TrySendBatch,
@@ -86,6 +89,8 @@ pub struct Assignment {
     /// Offsets above the committed watermark known to be finished already (e.g. decoded from
     /// Kafka commit metadata); the engine skips them instead of handling them again.
     pub finished_above: Vec<Offset>,
+    /// For a source held by lease: no handler attempt of it starts once the lease ran out.
+    pub lease: Option<Lease>,
 }
 
 impl Assignment {
@@ -95,7 +100,14 @@ impl Assignment {
             source,
             committed,
             finished_above: Vec::new(),
+            lease: None,
         }
+    }
+
+    /// The same assignment, held by `lease`.
+    pub fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = Some(lease);
+        self
     }
 }
 

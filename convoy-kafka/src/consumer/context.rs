@@ -78,6 +78,7 @@ impl ConvoyContext {
                             source,
                             committed: next.checked_sub(1),
                             finished_above: offset_map::decode(next, e.metadata()),
+                            lease: None,
                         }
                     }
                     _ => Assignment::new(source, None),

@@ -312,6 +312,7 @@ impl ConformanceTarget for KafkaTarget {
         Capabilities {
             max_prefetch: (convoy_kafka::consumer::EVENT_CAPACITY + 4) * convoy_kafka::Prefetch::MAX_BATCH,
             positions: convoy_testkit::conformance::Positions::Log,
+            deduplicates_publishes: false,
         }
     }
 

@@ -75,6 +75,7 @@ impl Intake {
                 continue;
             }
             let epoch = state.epoch;
+            let lease = state.lease.clone();
             let check_duplicate = state.rewritten_until.is_none_or(|r| message.offset > r);
             let weight = message.weight();
             let lane = self.lane_key(&message, epoch);
@@ -91,6 +92,7 @@ impl Intake {
                 weight,
                 check_duplicate,
                 received,
+                lease,
             });
             routed += 1;
             routed_bytes += weight;

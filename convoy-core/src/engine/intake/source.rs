@@ -9,7 +9,7 @@ use super::Intake;
 use crate::backpressure::Gate;
 use crate::engine::shard::{Completion, Dropped, Epochs, ShardCommand};
 use crate::message::{Offset, SourceId};
-use crate::transport::Assignment;
+use crate::transport::{Assignment, Lease};
 use crate::watermark::{Progress, Seq, WatermarkTracker};
 
 pub(super) struct SourceState {
@@ -46,6 +46,8 @@ pub(super) struct SourceState {
     /// The lowest unfinished message and since when it has been the lowest.
     pub head_since: Option<(Seq, Instant)>,
     pub stuck_reported: Option<Seq>,
+    /// Held by lease: its messages carry it, and none starts once it ran out.
+    pub lease: Option<Lease>,
 }
 
 impl SourceState {
@@ -98,6 +100,7 @@ impl Intake {
             rewritten_until: None,
             head_since: None,
             stuck_reported: None,
+            lease: a.lease,
         };
         self.next_epoch += 1;
         tracing::info!(source = %a.source, committed = ?a.committed, "source assigned");

@@ -1,0 +1,126 @@
+//! Connecting: credentials, TLS and reconnection from a [`NatsConfig`].
+//!
+//! The first connection must succeed (a bad address or password is an error of whoever
+//! connects, not a silent retry loop); after that the client reconnects forever, every 100 ms
+//! more up to a second, and requests made meanwhile wait for it within their timeouts.
+//! async-nats ignores credentials written in a server URL, so they come from the config only.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context};
+use async_nats::{Client, ConnectOptions, Event, ServerAddr};
+use convoy_core::TransportError;
+
+use crate::config::NatsConfig;
+use crate::error::nats_error;
+
+/// Longest wait between reconnection attempts.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+
+/// How long a JetStream request (and a publish acknowledgement) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection and its JetStream context.
+#[derive(Clone)]
+pub struct Connected {
+    /// The client.
+    pub client: Client,
+    /// JetStream on it.
+    pub js: Context,
+}
+
+/// Connects for `purpose` (shown in the connection's name).
+pub async fn connect(config: &NatsConfig, purpose: &str) -> Result<Connected, TransportError> {
+    let servers: Vec<ServerAddr> = config
+        .servers
+        .iter()
+        .map(|s| {
+            s.parse::<ServerAddr>()
+                .map_err(|e| TransportError::Fatal(format!("server address {s:?}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let tls = config.tls_required || servers.iter().any(|s| s.tls_required());
+    let name = config
+        .connection_name
+        .clone()
+        .unwrap_or_else(|| format!("convoy-{purpose}-{}", config.group));
+    let mut options = ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .max_reconnects(None)
+        .reconnect_delay_callback(|attempt| {
+            Duration::from_millis(100 * attempt as u64).min(MAX_RECONNECT_DELAY)
+        })
+        .event_callback(|event| async move {
+            match event {
+                Event::Disconnected => tracing::warn!("NATS connection lost; reconnecting"),
+                Event::Connected => tracing::debug!("NATS connected"),
+                Event::SlowConsumer(sid) => {
+                    tracing::warn!(sid, "NATS subscription too slow: the client dropped messages")
+                }
+                other => tracing::debug!(%other, "NATS event"),
+            }
+        })
+        .require_tls(tls);
+    if let Some(token) = &config.token {
+        options = options.token(token.clone());
+    }
+    if let (Some(user), Some(password)) = (&config.user, &config.password) {
+        options = options.user_and_password(user.clone(), password.clone());
+    }
+    options = with_nkeys(options, config).await?;
+    if let Some(ca) = &config.tls_ca_file {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    let client = options
+        .connect(servers)
+        .await
+        .map_err(|e| connect_error(config, e))?;
+    let js = jetstream::ContextBuilder::new()
+        .timeout(REQUEST_TIMEOUT)
+        .build(client.clone());
+    Ok(Connected { client, js })
+}
+
+#[cfg(feature = "nkeys")]
+async fn with_nkeys(
+    mut options: ConnectOptions,
+    config: &NatsConfig,
+) -> Result<ConnectOptions, TransportError> {
+    if let Some(seed) = &config.nkey {
+        options = options.nkey(seed.clone());
+    }
+    if let Some(path) = &config.credentials_file {
+        options = options
+            .credentials_file(path)
+            .await
+            .map_err(|e| TransportError::Fatal(format!("credentials_file {}: {e}", path.display())))?;
+    }
+    Ok(options)
+}
+
+#[cfg(not(feature = "nkeys"))]
+async fn with_nkeys(options: ConnectOptions, _config: &NatsConfig) -> Result<ConnectOptions, TransportError> {
+    Ok(options) // `validate` refused nkeys settings without the feature
+}
+
+fn connect_error(config: &NatsConfig, e: async_nats::ConnectError) -> TransportError {
+    use async_nats::ConnectErrorKind;
+    let servers = config.servers.join(",");
+    match e.kind() {
+        ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => TransportError::Fatal(
+            format!("connecting to NATS at {servers}: {e}; check token, user/password or credentials"),
+        ),
+        ConnectErrorKind::Tls => TransportError::Fatal(format!("connecting to NATS at {servers}: {e}")),
+        ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns => {
+            TransportError::Unavailable(format!(
+                "connecting to NATS at {servers}: {e}; is the server running?"
+            ))
+        }
+        _ => nats_error(&format!("connecting to NATS at {servers}"), e),
+    }
+}

@@ -1,0 +1,173 @@
+//! This member's leases — on partitions, on its presence, on an extra token — as entries of the
+//! group's leases bucket, whose entries the server expires `lease_ttl` after their last write.
+//!
+//! Taking one is `create` (refused while anyone holds it), renewing is `update` against the
+//! revision this member wrote last (refused once anyone else wrote), releasing is a delete
+//! against that revision. Renewals run on their own task every `ttl / 5`, whatever the member
+//! is doing (a handover may wait a minute for the engine). A lease counts as held until
+//! `ttl · 2/3` after the *send* time of its last successful write: the server's expiry is `ttl`
+//! after it *stored* that write, later still, so this member always stops before anyone else
+//! can take the key. Past that point the lease is reported lost and never renewed again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_nats::jetstream::kv::{CreateErrorKind, Store, UpdateErrorKind};
+use bytes::Bytes;
+use convoy_core::{Lease, TransportError};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::error::nats_error;
+
+struct Held {
+    value: Bytes,
+    revision: u64,
+    lease: Lease,
+}
+
+/// The leases of one member.
+pub(super) struct Leases {
+    store: Store,
+    ttl: Duration,
+    held: Mutex<HashMap<String, Held>>,
+    lost: mpsc::UnboundedSender<String>,
+}
+
+impl Leases {
+    /// Leases in `store` (expiring after `ttl`); keys lost are sent to `lost`.
+    pub fn new(store: Store, ttl: Duration, lost: mpsc::UnboundedSender<String>) -> Self {
+        Leases {
+            store,
+            ttl,
+            held: Mutex::default(),
+            lost,
+        }
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How long after a write's send time the lease counts as held.
+    fn valid_for(&self) -> Duration {
+        self.ttl * 2 / 3
+    }
+
+    /// How often leases are renewed.
+    pub fn renew_every(&self) -> Duration {
+        self.ttl / 5
+    }
+
+    /// True while `key` is held.
+    pub fn holds(&self, key: &str) -> bool {
+        self.held().get(key).is_some_and(|h| h.lease.is_valid())
+    }
+
+    /// The bucket.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Takes `key` if nobody holds it: its lease, or `None` when it is someone else's.
+    pub async fn acquire(&self, key: &str, value: Bytes) -> Result<Option<Lease>, TransportError> {
+        let sent = Instant::now();
+        match self.store.create(key, value.clone()).await {
+            Ok(revision) => {
+                let lease = Lease::new(sent + self.valid_for());
+                self.held().insert(
+                    key.to_owned(),
+                    Held {
+                        value,
+                        revision,
+                        lease: lease.clone(),
+                    },
+                );
+                Ok(Some(lease))
+            }
+            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(nats_error(&format!("taking the lease {key}"), e)),
+        }
+    }
+
+    /// Gives `key` up: it ends here at once, and anyone may take it right away.
+    pub async fn release(&self, key: &str) {
+        let Some(held) = self.held().remove(key) else {
+            return;
+        };
+        held.lease.expire();
+        if let Err(e) = self.store.delete_expect_revision(key, Some(held.revision)).await {
+            // Someone else's by now, or the server is away: it expires by itself.
+            tracing::debug!(key, error = %e, "releasing a lease");
+        }
+    }
+
+    /// Every key held (the member's leave releases them all).
+    pub fn keys(&self) -> Vec<String> {
+        self.held().keys().cloned().collect()
+    }
+
+    /// Renews every lease, all at once; reports those that ran out or that someone else took.
+    pub async fn renew_all(&self) {
+        let due: Vec<(String, Bytes, u64, Lease)> = self
+            .held()
+            .iter()
+            .map(|(k, h)| (k.clone(), h.value.clone(), h.revision, h.lease.clone()))
+            .collect();
+        let renewals = due.into_iter().map(|(key, value, revision, lease)| async move {
+            let sent = Instant::now();
+            let left = lease.valid_until().saturating_duration_since(sent);
+            let outcome = tokio::time::timeout(left, self.store.update(key.as_str(), value, revision)).await;
+            (key, lease, sent, outcome)
+        });
+        for (key, lease, sent, outcome) in futures_util::future::join_all(renewals).await {
+            match outcome {
+                Ok(Ok(revision)) => {
+                    if lease.extend(sent + self.valid_for()) {
+                        if let Some(h) = self.held().get_mut(&key).filter(|h| h.lease == lease) {
+                            h.revision = revision;
+                        }
+                    }
+                }
+                Ok(Err(e)) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                    tracing::warn!(key, "lease taken by another member (it expired here first)");
+                    lease.expire();
+                }
+                Ok(Err(e)) => tracing::warn!(key, error = %e, "renewing a lease failed; retrying"),
+                Err(_) => tracing::warn!(key, "renewing a lease timed out"),
+            }
+        }
+        self.report_expired();
+    }
+
+    /// Forgets and reports every lease that ran out.
+    fn report_expired(&self) {
+        let expired: Vec<String> = {
+            let mut held = self.held();
+            let keys: Vec<String> = held
+                .iter()
+                .filter(|(_, h)| !h.lease.is_valid())
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter().for_each(|k| {
+                held.remove(k);
+            });
+            keys
+        };
+        for key in expired {
+            tracing::warn!(key, "lease lost: this member could not renew it in time");
+            let _ = self.lost.send(key);
+        }
+    }
+}
+
+/// Renews `leases` until the receiver of its lost keys is gone (the member ended).
+pub(super) async fn keep(leases: Arc<Leases>) {
+    let mut tick = tokio::time::interval(leases.renew_every());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !leases.lost.is_closed() {
+        tick.tick().await;
+        leases.renew_all().await;
+    }
+}

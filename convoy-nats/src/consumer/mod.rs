@@ -1,0 +1,135 @@
+//! The NATS subscription: a member of a consumer group whose leased partitions are convoy
+//! sources.
+//!
+//! By job: `member` joins the group, balances partitions over the live members and hands
+//! partitions over (with the engine's drain and commit in between); `leases` keeps this
+//! member's leases (partitions, presence, extra token) renewed and reports the ones it lost;
+//! `partition` reads one owned partition from its committed watermark on, through a pull
+//! consumer of its own; `control` pauses, resumes and commits (the watermark, by compare-and-set
+//! in the group's bucket).
+//!
+//! A source's offset is the stream sequence. Where delivery resumes is convoy's, not the
+//! server's: every ownership epoch reads through a consumer created at the committed
+//! watermark + 1 with no server-side acknowledgements, so nothing is redelivered behind the
+//! engine's back (however long a message is held) and nothing newer reaches a new owner before
+//! the unfinished messages of the old one.
+
+mod control;
+mod leases;
+mod member;
+mod partition;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_nats::jetstream::kv::Store;
+use async_nats::jetstream::stream::Stream;
+use async_trait::async_trait;
+use convoy_core::transport::{event_channel, EventSender};
+use convoy_core::{Lease, PrefetchLimit, SourceId, Subscription, Transport, TransportError};
+use tokio::sync::{watch, Notify};
+
+use self::control::NatsControl;
+use crate::config::NatsConfig;
+
+/// Message batches buffered between the partition tasks and the engine.
+pub const EVENT_CAPACITY: usize = 16;
+/// Most messages per batch handed to the engine.
+pub const MAX_BATCH: usize = 500;
+/// Messages requested per pull unless configured: at most 1.5 × this is buffered per partition.
+pub const DEFAULT_FETCH_BATCH: usize = 500;
+
+/// An owned partition as pause, resume, commit and lag see it.
+struct Owned {
+    lease: Lease,
+    /// The partition's key in the watermarks bucket, and the revision this member last wrote
+    /// (a commit with an older one means someone else wrote since: not the owner).
+    watermark_key: String,
+    watermark_revision: u64,
+    /// The highest stream sequence handed to the engine.
+    delivered: Arc<AtomicU64>,
+    paused: watch::Sender<bool>,
+    stream: Stream,
+    subject: String,
+}
+
+/// State shared by the member task and the control.
+struct Shared {
+    config: NatsConfig,
+    events: EventSender,
+    owned: Mutex<HashMap<SourceId, Owned>>,
+    watermarks: Store,
+    /// Messages per pull.
+    batch: usize,
+    /// Set when the engine closes the subscription: the member leaves the group.
+    closing: AtomicBool,
+    close: Notify,
+    /// Set once the member left.
+    closed: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn owned(&self) -> MutexGuard<'_, HashMap<SourceId, Owned>> {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Opens NATS subscriptions: each `subscribe` joins the group as a new member.
+#[derive(Clone, Debug)]
+pub struct NatsTransport {
+    config: NatsConfig,
+}
+
+impl NatsTransport {
+    /// A transport for `config` (validated here: the error names the bad field).
+    pub fn new(config: NatsConfig) -> Result<Self, convoy_core::ConfigError> {
+        config.validate(true)?;
+        Ok(NatsTransport { config })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NatsConfig {
+        &self.config
+    }
+
+    /// Messages per pull: configured, or the engine's message limit divided over every partition
+    /// this member could own (a partition buffers up to 1.5 pulls), at most
+    /// [`DEFAULT_FETCH_BATCH`].
+    pub fn fetch_batch(&self, limit: PrefetchLimit) -> usize {
+        self.config.fetch_batch.unwrap_or_else(|| {
+            let sources = self.config.topics.len().max(1) * self.config.partitions as usize;
+            (limit.messages * 2 / (3 * sources)).clamp(1, DEFAULT_FETCH_BATCH)
+        })
+    }
+}
+
+#[async_trait]
+impl Transport for NatsTransport {
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        self.subscribe_with(PrefetchLimit::default()).await
+    }
+
+    async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
+        let (events, rx) = event_channel(EVENT_CAPACITY);
+        // Connect and declare before returning, so a bad address or a mismatching stream is an
+        // error of `subscribe`, not a silent retry loop.
+        let (session, watermarks) = member::Session::open(&self.config).await?;
+        let (closed, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            config: self.config.clone(),
+            events,
+            owned: Mutex::default(),
+            watermarks,
+            batch: self.fetch_batch(limit),
+            closing: AtomicBool::new(false),
+            close: Notify::new(),
+            closed,
+        });
+        tokio::spawn(member::run(shared.clone(), session));
+        Ok(Subscription {
+            events: rx,
+            control: Box::new(NatsControl::new(shared)),
+        })
+    }
+}

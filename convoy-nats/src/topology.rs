@@ -1,0 +1,284 @@
+//! What a topic is on NATS JetStream, and declaring it.
+//!
+//! A topic `T` of N partitions is a stream with file storage and limits retention (messages stay
+//! after they are handled, like a Kafka log, until `stream_max_age_s` / `stream_max_bytes`)
+//! whose subjects are exactly `T.0 … T.{N-1}` — listed, not `T.*`, so the dead-letter stream
+//! `T.dlq` never overlaps it. Each consumer group `G` keeps two key-value buckets:
+//! `convoy_wm_G` (no expiry), the committed watermark of each partition, and
+//! `convoy_leases_G` (entries expire `lease_ttl_ms` after their last write), the partition
+//! leases, the members' presence and the extra tokens of fair shares. Every declare is
+//! idempotent; an existing stream or bucket with another configuration is a clear error naming
+//! what differs, never used as it is.
+
+use std::time::Duration;
+
+use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
+use async_nats::jetstream::kv::Store;
+use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
+use async_nats::jetstream::Context;
+use async_nats::jetstream::ErrorCode;
+use convoy_core::TransportError;
+
+use crate::config::NatsConfig;
+use crate::error::nats_error;
+
+/// A name made of what stream, bucket and consumer names may hold (`A-Z a-z 0-9 _ -`): other
+/// characters become `_`, and a hash of the original is appended when any did, so `a.b` and
+/// `a_b` never share a name.
+pub fn safe_name(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe == name {
+        safe
+    } else {
+        format!("{safe}-{:08x}", fnv1a(name.as_bytes()))
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The stream of `topic`.
+pub fn stream_name(topic: &str) -> String {
+    safe_name(topic)
+}
+
+/// The subject of partition `p` of `topic`.
+pub fn partition_subject(topic: &str, p: u32) -> String {
+    format!("{topic}.{p}")
+}
+
+/// The bucket of `group`'s committed watermarks.
+pub fn watermarks_bucket(group: &str) -> String {
+    format!("convoy_wm_{}", safe_name(group))
+}
+
+/// The bucket of `group`'s leases, member presence and extra tokens.
+pub fn leases_bucket(group: &str) -> String {
+    format!("convoy_leases_{}", safe_name(group))
+}
+
+/// Key of partition `p` of `topic`, in both buckets: its lease, and its watermark.
+pub fn partition_key(topic: &str, p: u32) -> String {
+    format!("p.{}.{p}", stream_name(topic))
+}
+
+/// Key announcing member `id`.
+pub fn member_key(id: u64) -> String {
+    format!("m.{id:016x}")
+}
+
+/// The subject filter (below the bucket's prefix) of every [`member_key`].
+pub fn member_key_filter() -> &'static str {
+    "m.>"
+}
+
+/// Key of extra token `j`.
+pub fn token_key(j: u32) -> String {
+    format!("x.{j}")
+}
+
+/// The name of member `member`'s consumer of partition `p`, the `serial`-th it created: one
+/// per ownership epoch and per re-creation, because a consumer's start can never be moved.
+pub fn consumer_name(member: u64, p: u32, serial: u64) -> String {
+    format!("cv-{member:016x}-{p}-{serial}")
+}
+
+fn stream_config(name: String, subjects: Vec<String>, config: &NatsConfig) -> Config {
+    Config {
+        name,
+        subjects,
+        retention: RetentionPolicy::Limits,
+        storage: StorageType::File,
+        max_age: Duration::from_secs(config.stream_max_age_s),
+        max_bytes: config.stream_max_bytes,
+        duplicate_window: Duration::from_secs(config.duplicate_window_s),
+        discard: DiscardPolicy::Old,
+        num_replicas: 1,
+        ..Config::default()
+    }
+}
+
+/// Declares the stream of `topic` with `partitions` partition subjects.
+pub async fn declare_topic(
+    js: &Context,
+    config: &NatsConfig,
+    topic: &str,
+    partitions: u32,
+) -> Result<(), TransportError> {
+    let subjects = (0..partitions).map(|p| partition_subject(topic, p)).collect();
+    create_stream(js, stream_config(stream_name(topic), subjects, config), topic).await
+}
+
+/// Declares a dead-letter stream: one subject, the stream's own name.
+pub async fn declare_dead_letters(
+    js: &Context,
+    config: &NatsConfig,
+    topic: &str,
+) -> Result<(), TransportError> {
+    create_stream(
+        js,
+        stream_config(stream_name(topic), vec![topic.to_owned()], config),
+        topic,
+    )
+    .await
+}
+
+async fn create_stream(js: &Context, wanted: Config, what: &str) -> Result<(), TransportError> {
+    match js.create_stream(wanted.clone()).await {
+        Ok(_) => Ok(()),
+        Err(e) if name_taken(&e) => Err(mismatch(js, &wanted, what).await),
+        Err(e) => Err(nats_error(&format!("creating the stream of {what}"), e)),
+    }
+}
+
+fn name_taken(e: &CreateStreamError) -> bool {
+    matches!(e.kind(), CreateStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NAME_EXIST)
+}
+
+/// The error for a stream that exists with another configuration, naming what differs.
+async fn mismatch(js: &Context, wanted: &Config, what: &str) -> TransportError {
+    let found = match js.get_stream(&wanted.name).await {
+        Ok(stream) => stream.cached_info().config.clone(),
+        Err(e) => return nats_error(&format!("reading the existing stream {}", wanted.name), e),
+    };
+    let mut differs = Vec::new();
+    let mut compare = |field: &str, ours: String, theirs: String| {
+        if ours != theirs {
+            differs.push(format!("{field} {theirs} (convoy wants {ours})"));
+        }
+    };
+    compare(
+        "subjects",
+        format!("{:?}", wanted.subjects),
+        format!("{:?}", found.subjects),
+    );
+    compare(
+        "retention",
+        format!("{:?}", wanted.retention),
+        format!("{:?}", found.retention),
+    );
+    compare(
+        "storage",
+        format!("{:?}", wanted.storage),
+        format!("{:?}", found.storage),
+    );
+    compare(
+        "max_age",
+        format!("{:?}", wanted.max_age),
+        format!("{:?}", found.max_age),
+    );
+    compare(
+        "max_bytes",
+        wanted.max_bytes.to_string(),
+        found.max_bytes.to_string(),
+    );
+    compare(
+        "duplicate_window",
+        format!("{:?}", wanted.duplicate_window),
+        format!("{:?}", found.duplicate_window),
+    );
+    compare(
+        "discard",
+        format!("{:?}", wanted.discard),
+        format!("{:?}", found.discard),
+    );
+    compare(
+        "max_messages_per_subject",
+        wanted.max_messages_per_subject.to_string(),
+        found.max_messages_per_subject.to_string(),
+    );
+    TransportError::Fatal(format!(
+        "stream {} ({what}) already exists with another configuration: {}; delete it, or use \
+         another name or the settings it was created with (partitions, stream_max_age_s, \
+         stream_max_bytes, duplicate_window_s, lease_ttl_ms): convoy never uses a stream it did not \
+         configure",
+        wanted.name,
+        if differs.is_empty() {
+            "fields convoy does not set".to_owned()
+        } else {
+            differs.join(", ")
+        }
+    ))
+}
+
+/// Declares a key-value bucket the way the server's own KV API would (async-nats'
+/// `create_key_value` fails on nats-server 2.9: it first asks for account fields 2.9 does not
+/// send), then opens it. `max_age` zero: entries never expire.
+async fn declare_bucket(js: &Context, bucket: &str, max_age: Duration) -> Result<Store, TransportError> {
+    let stream = Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: 1,
+        max_age,
+        storage: StorageType::File,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        discard: DiscardPolicy::New,
+        num_replicas: 1,
+        // The server sets the duplicate window to max_age when it is shorter than the default
+        // two minutes; asking for that keeps a second declare identical.
+        duplicate_window: if max_age.is_zero() {
+            Duration::from_secs(120)
+        } else {
+            max_age.min(Duration::from_secs(120))
+        },
+        ..Config::default()
+    };
+    create_stream(js, stream, bucket).await?;
+    js.get_key_value(bucket)
+        .await
+        .map_err(|e| nats_error(&format!("opening the bucket {bucket}"), e))
+}
+
+/// The group's buckets: watermarks and leases.
+pub struct Buckets {
+    /// Committed watermarks (never expire).
+    pub watermarks: Store,
+    /// Leases, members and tokens (expire `lease_ttl_ms` after their last write).
+    pub leases: Store,
+}
+
+/// Declares and opens `config.group`'s buckets.
+pub async fn declare_buckets(js: &Context, config: &NatsConfig) -> Result<Buckets, TransportError> {
+    Ok(Buckets {
+        watermarks: declare_bucket(js, &watermarks_bucket(&config.group), Duration::ZERO).await?,
+        leases: declare_bucket(js, &leases_bucket(&config.group), config.lease_ttl()).await?,
+    })
+}
+
+/// The watermarks bucket alone (reading or moving a group's positions from a tool or a test).
+pub async fn open_watermarks(js: &Context, group: &str) -> Result<Store, TransportError> {
+    declare_bucket(js, &watermarks_bucket(group), Duration::ZERO).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_topic_group_and_partition() {
+        assert_eq!(stream_name("orders"), "orders");
+        assert_eq!(partition_subject("orders", 3), "orders.3");
+        assert!(stream_name("orders.eu").starts_with("orders_eu-"));
+        assert_ne!(stream_name("orders.eu"), stream_name("orders_eu"));
+        assert_eq!(partition_key("orders", 2), "p.orders.2");
+        assert_eq!(watermarks_bucket("billing"), "convoy_wm_billing");
+        assert!(leases_bucket("a.b").starts_with("convoy_leases_a_b-"));
+        assert!(member_key(7).starts_with(member_key_filter().trim_end_matches('>')));
+        assert!(!token_key(0).starts_with(member_key_filter().trim_end_matches('>')));
+        assert_eq!(consumer_name(1, 4, 2), "cv-0000000000000001-4-2");
+    }
+}

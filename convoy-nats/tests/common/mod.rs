@@ -1,0 +1,186 @@
+//! A NATS conformance target: fresh topics and groups on the server named by `CONVOY_NATS_URL`
+//! (scripts/test sets it to the machine's nats-server). Everything a bed created is deleted
+//! when it drops, even after a failed assertion: the server is shared.
+
+#![allow(dead_code, clippy::unwrap_used)] // shared by several test crates, each using a part
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use convoy_core::{
+    DeadLetterSink, Message, Offset, Publisher, SourceId, Subscription, Transport, TransportError,
+};
+use convoy_nats::consumer::{EVENT_CAPACITY, MAX_BATCH};
+use convoy_nats::{admin, source_id, NatsConfig, NatsDeadLetterSink, NatsPublisher, NatsTransport};
+use convoy_testkit::conformance::{Capabilities, ConformanceTarget, Positions, TestBed};
+
+pub const URL_VAR: &str = "CONVOY_NATS_URL";
+
+/// Logs to the test output when RUST_LOG is set.
+pub fn init_tracing() {
+    if std::env::var("RUST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// The server address (`host:port`) from `CONVOY_NATS_URL`.
+pub fn server() -> Option<String> {
+    let url = std::env::var(URL_VAR).ok().filter(|s| !s.is_empty())?;
+    Some(url.trim_start_matches("nats://").to_owned())
+}
+
+static BEDS: AtomicU64 = AtomicU64::new(0);
+
+/// A unique name per process and call (letters, digits and `-`: valid in subjects and names).
+pub fn unique(prefix: &str) -> String {
+    let n = BEDS.fetch_add(1, Relaxed);
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    format!("{prefix}-{}-{micros:x}-{n}", std::process::id())
+}
+
+/// Test settings: fast rebalancing, short leases, a revoke timeout above the conformance drain
+/// timeout (8 s).
+pub fn test_config(server: &str, group: &str, topic: &str, partitions: u32) -> NatsConfig {
+    let mut c = NatsConfig::new(&[server], group, &[topic]);
+    c.partitions = partitions;
+    c.balance_interval_ms = 100;
+    c.revoke_timeout_ms = 15_000;
+    c.lease_ttl_ms = 3_000;
+    c.stream_max_age_s = 3600;
+    c
+}
+
+/// Runs `f` on a runtime of its own on another thread: cleanup from `Drop`, whatever the state
+/// of the test's runtime.
+pub fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
+    let _ = std::thread::spawn(move || {
+        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            runtime.block_on(f);
+        }
+    })
+    .join();
+}
+
+pub struct NatsTarget {
+    server: Option<String>,
+}
+
+impl NatsTarget {
+    pub fn from_env() -> Self {
+        init_tracing();
+        NatsTarget { server: server() }
+    }
+}
+
+pub struct NatsBed {
+    pub config: NatsConfig,
+    pub topic: String,
+    publisher: Arc<NatsPublisher>,
+    sink: Arc<NatsDeadLetterSink>,
+}
+
+impl NatsBed {
+    pub async fn new(server: &str, partitions: u32) -> Self {
+        let topic = unique("convoy-test");
+        let group = unique("g");
+        let config = test_config(server, &group, &topic, partitions);
+        admin::create_topics(&config, &[(&topic, partitions)])
+            .await
+            .unwrap();
+        admin::create_dead_letters(&config, &config.dlq_topic())
+            .await
+            .unwrap();
+        NatsBed {
+            publisher: Arc::new(NatsPublisher::new(&config, &topic)),
+            sink: Arc::new(NatsDeadLetterSink::new(&config)),
+            topic,
+            config,
+        }
+    }
+}
+
+impl Drop for NatsBed {
+    fn drop(&mut self) {
+        let (config, topic) = (self.config.clone(), self.topic.clone());
+        block_on_side(async move {
+            let dlq = config.dlq_topic();
+            if let Err(e) = admin::delete_topic(&config, &topic, &[&dlq]).await {
+                eprintln!("cleaning up {topic} failed: {e}");
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl TestBed for NatsBed {
+    fn publisher(&self) -> Arc<dyn Publisher> {
+        self.publisher.clone()
+    }
+
+    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
+        self.sink.clone()
+    }
+
+    fn group(&self) -> &str {
+        &self.config.group
+    }
+
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        NatsTransport::new(self.config.clone())
+            .map_err(|e| TransportError::broker("config", e))?
+            .subscribe()
+            .await
+    }
+
+    async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let all = admin::read_stream(&self.config, &self.config.dlq_topic()).await?;
+            if all.len() >= expected || Instant::now() >= deadline {
+                return Ok(all);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError> {
+        Ok(admin::committed(&self.config, &self.topic)
+            .await?
+            .into_iter()
+            .map(|(p, w)| (source_id(&self.topic, p), w))
+            .collect())
+    }
+}
+
+#[async_trait]
+impl ConformanceTarget for NatsTarget {
+    fn capabilities(&self) -> Capabilities {
+        // A paused partition's reader stops pulling: what may still reach the engine is the
+        // batches queued in the event channel plus one per reader (at most 4 in the suite).
+        Capabilities {
+            max_prefetch: (EVENT_CAPACITY + 4) * MAX_BATCH,
+            positions: Positions::Log,
+            // Nats-Msg-Id is the event id: the stream stores a re-sent publish once.
+            deduplicates_publishes: true,
+        }
+    }
+
+    fn skip_reason(&self) -> Option<String> {
+        self.server
+            .is_none()
+            .then(|| format!("{URL_VAR} is not set (scripts/test sets it to the machine's nats-server)"))
+    }
+
+    async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError> {
+        let server = self.server.as_deref().ok_or(TransportError::Closed)?;
+        Ok(Box::new(NatsBed::new(server, partitions).await))
+    }
+}
