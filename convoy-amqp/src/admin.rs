@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use convoy_core::{Message, TransportError};
+use convoy_core::{Message, SourceId, TransportError};
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -13,7 +13,7 @@ use crate::config::AmqpConfig;
 use crate::connect::connect;
 use crate::convert::to_message;
 use crate::error::broker;
-use crate::{source_id, topology};
+use crate::topology;
 
 /// Checks that RabbitMQ answers (connects and closes at once).
 pub async fn check_reachable(config: &AmqpConfig) -> Result<(), TransportError> {
@@ -86,7 +86,7 @@ pub async fn read_stream(
             .basic_consume(name.into(), "".into(), BasicConsumeOptions::default(), args)
             .await
             .map_err(|e| broker(&format!("reading {name}"), e))?;
-        let source = source_id(name, 0);
+        let source = SourceId::partition(name, 0);
         let mut messages = Vec::new();
         while let Ok(Some(delivery)) = tokio::time::timeout(idle, consumer.next()).await {
             let delivery = delivery.map_err(|e| broker(&format!("reading {name}"), e))?;

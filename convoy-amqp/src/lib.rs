@@ -26,16 +26,3 @@ pub mod topology;
 pub use config::AmqpConfig;
 pub use consumer::AmqpTransport;
 pub use publisher::{AmqpDeadLetterSink, AmqpPublisher};
-
-use convoy_core::SourceId;
-
-/// The source id of partition `p` of `topic`: `topic/p`, as on every convoy transport.
-pub fn source_id(topic: &str, p: u32) -> SourceId {
-    SourceId::new(format!("{topic}/{p}"))
-}
-
-/// The topic and partition of a source id made by [`source_id`].
-pub fn topic_partition(source: &SourceId) -> Option<(&str, u32)> {
-    let (topic, partition) = source.as_str().rsplit_once('/')?;
-    Some((topic, partition.parse().ok()?))
-}

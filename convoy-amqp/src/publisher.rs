@@ -38,7 +38,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use convoy_core::partitioner::partition_for_key;
-use convoy_core::{DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TransportError};
+use convoy_core::{
+    DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, SourceId, TransportError,
+};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection};
@@ -48,7 +50,7 @@ use crate::config::AmqpConfig;
 use crate::connect::connect;
 use crate::convert::{to_field_table, KEY_HEADER};
 use crate::error::broker;
-use crate::source_id;
+
 use crate::topology;
 
 /// Where a publisher sends.
@@ -165,9 +167,9 @@ impl AmqpPublisher {
             let (routing_key, source) = match self.route {
                 Route::Topic { partitions } => {
                     let p = self.partition(message, partitions);
-                    (topology::routing_key(p), source_id(&self.target, p))
+                    (topology::routing_key(p), SourceId::partition(&self.target, p))
                 }
-                Route::Queue => (self.target.clone(), source_id(&self.target, 0)),
+                Route::Queue => (self.target.clone(), SourceId::partition(&self.target, 0)),
             };
             let id = format!("{}-{}", self.id_prefix, self.next_id.fetch_add(1, Relaxed));
             let mut headers = message.headers.clone();

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use convoy_amqp::{topic_partition, AmqpTransport};
+use convoy_amqp::AmqpTransport;
 use convoy_core::partitioner::partition_for_key;
 use convoy_core::{handler_fn, Delivery, Engine};
 use convoy_testkit::conformance::{test_config, TestBed};
@@ -97,7 +97,7 @@ async fn pika_messages_are_consumed_in_per_key_order() {
         "{report:#?}"
     );
     for (key, source) in placements.lock().unwrap().iter() {
-        let (_, p) = topic_partition(source).unwrap();
+        let (_, p) = source.topic_partition().unwrap();
         assert_eq!(
             p,
             partition_for_key(key, PARTITIONS),

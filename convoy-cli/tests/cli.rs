@@ -116,7 +116,16 @@ fn a_bad_url_is_one_clear_line() {
         &convoy(&["--url", "127.0.0.1:9092", "bench"]),
         &["expected scheme://address"],
     );
-    assert_one_line_error(&convoy(&["--url", "nats://127.0.0.1", "bench"]), &["convoy-nats"]);
+    let unreachable = convoy(&["--url", "nats://s3cret@127.0.0.1:1", "bench"]);
+    assert_one_line_error(
+        &unreachable,
+        &["connecting to NATS at 127.0.0.1:1", "is the server running?"],
+    );
+    assert!(!String::from_utf8_lossy(&unreachable.stderr).contains("s3cret"));
+    assert_one_line_error(
+        &convoy(&["--url", "nats://127.0.0.1:4222?lease_ttl_ms=5", "consume"]),
+        &["`lease_ttl_ms`"],
+    );
     assert_one_line_error(
         &convoy(&["--url", "amqp://guest:guest@127.0.0.1:1/%2f", "bench"]),
         &["connecting to RabbitMQ at amqp://guest:<redacted>@127.0.0.1:1/%2f"],

@@ -33,6 +33,8 @@ pub fn is_secret(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     n.contains("password")
         || n.contains("secret")
+        || n == "token"
+        || n == "nkey"
         || n.ends_with(".key.pem")
         || n.contains("oauthbearer.config")
 }

@@ -28,6 +28,18 @@ impl SourceId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Partition `partition` of `topic`: `topic/partition`, as every partitioned transport
+    /// names its sources.
+    pub fn partition(topic: &str, partition: u32) -> Self {
+        SourceId::new(format!("{topic}/{partition}"))
+    }
+
+    /// The topic and partition of a source named by [`SourceId::partition`].
+    pub fn topic_partition(&self) -> Option<(&str, u32)> {
+        let (topic, partition) = self.0.rsplit_once('/')?;
+        Some((topic, partition.parse().ok()?))
+    }
 }
 
 impl fmt::Display for SourceId {

@@ -226,12 +226,12 @@ impl Default for MemoryBroker {
 
 /// The source id of a topic-partition: `topic/partition`.
 pub fn source_id(topic: &str, partition: u32) -> SourceId {
-    SourceId::new(format!("{topic}/{partition}"))
+    SourceId::partition(topic, partition)
 }
 
 fn parse_source(source: &SourceId) -> Option<TopicPartition> {
-    let (topic, partition) = source.as_str().rsplit_once('/')?;
-    Some((topic.to_owned(), partition.parse().ok()?))
+    let (topic, partition) = source.topic_partition()?;
+    Some((topic.to_owned(), partition))
 }
 
 /// A revoke waiting for its acknowledgement.

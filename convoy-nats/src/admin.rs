@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::kv::Operation;
-use convoy_core::{Message, Offset, TransportError};
+use convoy_core::{Message, Offset, SourceId, TransportError};
 use futures_util::StreamExt;
 
 use crate::config::NatsConfig;
 use crate::connect::{connect, Connected};
 use crate::convert::to_message;
 use crate::error::nats_error;
-use crate::{source_id, topology};
+use crate::topology;
 
 /// Checks that the server answers and has JetStream.
 pub async fn check_reachable(config: &NatsConfig) -> Result<(), TransportError> {
@@ -101,7 +101,7 @@ async fn read_with(connected: &Connected, topic: &str) -> Result<Vec<Message>, T
         out.push(to_message(
             message.headers.as_ref(),
             message.payload.clone(),
-            &source_id(topic, partition),
+            &SourceId::partition(topic, partition),
             sequence,
         ));
         if out.len() as u64 >= total {

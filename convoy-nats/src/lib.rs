@@ -26,10 +26,3 @@ pub mod topology;
 pub use config::NatsConfig;
 pub use consumer::NatsTransport;
 pub use publisher::{NatsDeadLetterSink, NatsPublisher};
-
-use convoy_core::SourceId;
-
-/// The source id of partition `p` of `topic`: `topic/p`, as on every convoy transport.
-pub fn source_id(topic: &str, p: u32) -> SourceId {
-    SourceId::new(format!("{topic}/{p}"))
-}

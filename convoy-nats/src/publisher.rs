@@ -40,7 +40,8 @@ use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_trait::async_trait;
 use convoy_core::partitioner::partition_for_key;
 use convoy_core::{
-    DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TransportError, EVENT_ID_HEADER,
+    DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, SourceId, TransportError,
+    EVENT_ID_HEADER,
 };
 use tokio::sync::OnceCell;
 
@@ -48,7 +49,7 @@ use crate::config::NatsConfig;
 use crate::connect::{connect, Connected};
 use crate::convert::to_header_map;
 use crate::error::nats_error;
-use crate::{source_id, topology};
+use crate::topology;
 
 /// Acknowledgements awaited at a time. async-nats blocks a publish while 5,000 are
 /// outstanding on its context, so a window above that would wait on itself.
@@ -123,7 +124,7 @@ impl NatsPublisher {
     }
 
     /// The subject and source of a message.
-    fn place(&self, message: &OutgoingMessage) -> (String, convoy_core::SourceId) {
+    fn place(&self, message: &OutgoingMessage) -> (String, SourceId) {
         match self.route {
             Route::Topic { partitions } => {
                 let p = match message.key.as_ref().filter(|k| !k.is_empty()) {
@@ -132,10 +133,10 @@ impl NatsPublisher {
                 };
                 (
                     topology::partition_subject(&self.target, p),
-                    source_id(&self.target, p),
+                    SourceId::partition(&self.target, p),
                 )
             }
-            Route::Stream => (self.target.clone(), source_id(&self.target, 0)),
+            Route::Stream => (self.target.clone(), SourceId::partition(&self.target, 0)),
         }
     }
 
@@ -143,7 +144,7 @@ impl NatsPublisher {
     async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
         let connected = self.connection().await?;
         let mut receipts = Vec::with_capacity(messages.len());
-        let mut pending: VecDeque<(convoy_core::SourceId, PublishAckFuture)> = VecDeque::new();
+        let mut pending: VecDeque<(SourceId, PublishAckFuture)> = VecDeque::new();
         for message in messages {
             if pending.len() >= IN_FLIGHT {
                 if let Some((source, ack)) = pending.pop_front() {
@@ -170,11 +171,7 @@ impl NatsPublisher {
         Ok(receipts)
     }
 
-    async fn acknowledged(
-        &self,
-        source: convoy_core::SourceId,
-        ack: PublishAckFuture,
-    ) -> Result<Receipt, TransportError> {
+    async fn acknowledged(&self, source: SourceId, ack: PublishAckFuture) -> Result<Receipt, TransportError> {
         let ack = ack.await.map_err(|e| self.failure(e))?;
         Ok(Receipt {
             source,

@@ -86,6 +86,8 @@ impl Connection {
             Backend::Kafka(c) => Backend::Kafka(c.clone()),
             #[cfg(feature = "amqp")]
             Backend::Amqp(c) => Backend::Amqp(c.clone()),
+            #[cfg(feature = "nats")]
+            Backend::Nats(c) => Backend::Nats(c.clone()),
         };
         Connection { endpoint, backend }
     }
@@ -116,6 +118,11 @@ impl Connection {
                 let config = backend::amqp::config_for(config, &self.endpoint, false)?;
                 Ok(Arc::new(convoy_amqp::AmqpPublisher::new(&config, topic)))
             }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = backend::nats::config_for(config, &self.endpoint, false)?;
+                Ok(Arc::new(convoy_nats::NatsPublisher::new(&config, topic)))
+            }
         }
     }
 
@@ -140,12 +147,19 @@ impl Connection {
                 config.dlq_topic = Some(topic);
                 Ok(Arc::new(convoy_amqp::AmqpDeadLetterSink::new(&config)))
             }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let mut config = backend::nats::config_for(config, &self.endpoint, false)?;
+                config.dlq_topic = Some(topic);
+                Ok(Arc::new(convoy_nats::NatsDeadLetterSink::new(&config)))
+            }
         }
     }
 
     /// Creates `topic` with `partitions` partitions unless it exists. On RabbitMQ: the topic's
     /// exchange and this connection's group's partition queues; the dead-letter topic is a
-    /// stream.
+    /// stream. On NATS: a stream with one subject per partition; the dead-letter topic is a
+    /// stream with one subject.
     pub async fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), ConnectError> {
         match &self.backend {
             #[cfg(feature = "memory")]
@@ -167,6 +181,14 @@ impl Connection {
                 config.partitions = partitions;
                 Ok(convoy_amqp::admin::create_topics(&config, &[(topic, partitions)]).await?)
             }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = backend::nats::config_for(config, &self.endpoint, false)?;
+                if self.endpoint.dlq_topic().as_deref() == Some(topic) {
+                    return Ok(convoy_nats::admin::create_dead_letters(&config, topic).await?);
+                }
+                Ok(convoy_nats::admin::create_topics(&config, &[(topic, partitions)]).await?)
+            }
         }
     }
 
@@ -186,8 +208,9 @@ impl Connection {
     }
 
     /// Deletes what [`Connection::create_topic`] and [`Connection::prepare_baseline`] declared
-    /// for `topic`, and the dead-letter topic, where the broker keeps them (RabbitMQ is shared
-    /// by everything on a machine). On Kafka topics are left alone.
+    /// for `topic`, and the dead-letter topic, where the broker keeps them (RabbitMQ and NATS
+    /// are shared by everything on a machine; on NATS also the group's watermark and lease
+    /// buckets). On Kafka topics are left alone.
     pub async fn delete_topic(&self, topic: &str) -> Result<(), ConnectError> {
         match &self.backend {
             #[cfg(feature = "amqp")]
@@ -199,6 +222,13 @@ impl Connection {
                 baseline.group = backend::amqp::baseline_group(&self.endpoint);
                 convoy_amqp::admin::delete_topic(&baseline, topic, None).await?;
                 Ok(())
+            }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = backend::nats::config_for(config, &self.endpoint, false)?;
+                let dlq = self.endpoint.dlq_topic();
+                let also: Vec<&str> = dlq.as_deref().into_iter().collect();
+                Ok(convoy_nats::admin::delete_topic(&config, topic, &also).await?)
             }
             #[allow(unreachable_patterns)]
             _ => Ok(()),
@@ -232,6 +262,11 @@ impl Connection {
                 let config = backend::amqp::config_for(config, &self.endpoint, false)?;
                 Ok(convoy_amqp::admin::read_stream(&config, topic, Duration::from_secs(1)).await?)
             }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = backend::nats::config_for(config, &self.endpoint, false)?;
+                Ok(convoy_nats::admin::read_stream(&config, topic).await?)
+            }
         }
     }
 
@@ -261,6 +296,16 @@ impl Connection {
                     convoy_amqp::baseline::bare_drain(&config, topic, &group, prefetch, expected, limit)
                         .await?,
                 )
+            }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = backend::nats::config_for(config, &self.endpoint, false)?;
+                let transport = convoy_nats::NatsTransport::new(convoy_nats::NatsConfig {
+                    topics: vec![topic.to_owned()],
+                    ..config.clone()
+                })?;
+                let batch = transport.fetch_batch(convoy_core::PrefetchLimit::default());
+                Ok(convoy_nats::baseline::bare_drain(&config, topic, batch, expected, limit).await?)
             }
         }
     }
@@ -315,6 +360,15 @@ impl Transport for Connection {
                     .map_err(|e| TransportError::broker("configuring the RabbitMQ consumer", e))?;
                 convoy_amqp::AmqpTransport::new(config)
                     .map_err(|e| TransportError::broker("configuring the RabbitMQ consumer", e))?
+                    .subscribe_with(limit)
+                    .await
+            }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = backend::nats::config_for(config, &self.endpoint, true)
+                    .map_err(|e| TransportError::broker("configuring the NATS consumer", e))?;
+                convoy_nats::NatsTransport::new(config)
+                    .map_err(|e| TransportError::broker("configuring the NATS consumer", e))?
                     .subscribe_with(limit)
                     .await
             }

@@ -24,16 +24,6 @@ pub enum ConnectError {
         /// The cargo feature that provides it.
         feature: &'static str,
     },
-    /// The backend is planned but not written yet.
-    #[error("{scheme}:// ({broker}) is not supported yet: it will come with the `{krate}` crate")]
-    NotBuiltYet {
-        /// The URL scheme.
-        scheme: &'static str,
-        /// The broker it names.
-        broker: &'static str,
-        /// The crate that will provide it.
-        krate: &'static str,
-    },
     /// A setting was rejected; the message names it.
     #[error(transparent)]
     Config(#[from] ConfigError),

@@ -89,6 +89,8 @@ fn redact_userinfo(url: &str) -> String {
     match authority.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}{tail}"),
+            // A NATS token alone.
+            None if scheme.eq_ignore_ascii_case("nats") => format!("{scheme}://<redacted>@{host}{tail}"),
             None => url.to_owned(),
         },
         None => url.to_owned(),
@@ -360,6 +362,20 @@ mod tests {
         assert!(!format!("{e:?}").contains("s3cret"));
         let shown = redact_url("amqp://app:s3cret@127.0.0.1:5672/%2f?topics=t");
         assert_eq!(shown, "amqp://app:<redacted>@127.0.0.1:5672/%2f?topics=t");
+    }
+
+    #[test]
+    fn a_nats_token_or_password_is_never_printed() {
+        assert_eq!(
+            redact_url("nats://s3cret@127.0.0.1:4222?topics=t"),
+            "nats://<redacted>@127.0.0.1:4222?topics=t"
+        );
+        assert_eq!(
+            redact_url("nats://127.0.0.1:4222?token=s3cret&nkey=SUAB"),
+            "nats://127.0.0.1:4222?token=<redacted>&nkey=<redacted>"
+        );
+        let e = Endpoint::parse("nats://app:s3cret@127.0.0.1:4222?topics=t").unwrap();
+        assert!(!format!("{e:?}").contains("s3cret"));
     }
 
     #[test]

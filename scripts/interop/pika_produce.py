@@ -1,40 +1,12 @@
 """Produces probe messages with pika (RabbitMQ's Python client), placing each key on the
-partition convoy documents: (murmur2(key) & 0x7fffffff) % partitions, Kafka's Java-compatible
-murmur2, published to the topic's exchange with the partition as routing key and the key in the
-`convoy-key` header. For each of KEYS keys, PER_KEY messages whose payload is the key's sequence
+partition convoy documents (convoy_partition.py: Kafka's Java-compatible murmur2), published to
+the topic's exchange with the partition as routing key and the key in the `convoy-key` header. For each of KEYS keys, PER_KEY messages whose payload is the key's sequence
 number, interleaved across keys. Usage: URI TOPIC PARTITIONS KEYS PER_KEY"""
 import sys
 
 import pika
 
-
-def murmur2(data: bytes) -> int:
-    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
-    h = (seed ^ len(data)) & 0xFFFFFFFF
-    n = len(data) // 4
-    for i in range(n):
-        k = int.from_bytes(data[4 * i:4 * i + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    tail = data[4 * n:]
-    if len(tail) >= 3:
-        h ^= tail[2] << 16
-    if len(tail) >= 2:
-        h ^= tail[1] << 8
-    if len(tail) >= 1:
-        h ^= tail[0]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
-def partition(key: bytes, partitions: int) -> int:
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+from convoy_partition import partition
 
 
 uri, topic, partitions, keys, per_key = (

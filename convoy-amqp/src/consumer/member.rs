@@ -40,7 +40,7 @@ use super::partition::{Ended, PartitionParts, PartitionTask};
 use super::{Owned, Shared};
 use crate::connect::connect;
 use crate::error::broker;
-use crate::source_id;
+
 use crate::topology;
 
 /// Longest wait between reconnection attempts.
@@ -250,7 +250,7 @@ impl Session {
                 break;
             }
             let (topic, p) = &partitions[i];
-            let source = source_id(topic, *p);
+            let source = SourceId::partition(topic, *p);
             if self.held.contains_key(&source)
                 || self
                     .cooling
@@ -299,7 +299,7 @@ impl Session {
 
     /// Serves a partition this member holds the lock of and has started consuming.
     fn register(&mut self, topic: &str, p: u32, queue: String, channel: Channel, consumer: Consumer) {
-        let source = source_id(topic, p);
+        let source = SourceId::partition(topic, p);
         let (paused_tx, paused_rx) = watch::channel(false);
         let delivered = Arc::new(AtomicU64::new(0));
         self.shared.owned().insert(

@@ -7,7 +7,8 @@
 //! is doing (a handover may wait a minute for the engine). A lease counts as held until
 //! `ttl · 2/3` after the *send* time of its last successful write: the server's expiry is `ttl`
 //! after it *stored* that write, later still, so this member always stops before anyone else
-//! can take the key. Past that point the lease is reported lost and never renewed again.
+//! can take the key. Past that point the lease is reported lost and never renewed again — a
+//! partition's straight to the engine (`Lost`), whatever the member task is waiting for.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,7 +16,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Store, UpdateErrorKind};
 use bytes::Bytes;
-use convoy_core::{Lease, TransportError};
+use convoy_core::transport::EventSender;
+use convoy_core::{Lease, SourceEvent, SourceId, TransportError};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -25,6 +27,8 @@ struct Held {
     value: Bytes,
     revision: u64,
     lease: Lease,
+    /// The partition the lease is for, if it is one.
+    source: Option<SourceId>,
 }
 
 /// The leases of one member.
@@ -33,16 +37,24 @@ pub(super) struct Leases {
     ttl: Duration,
     held: Mutex<HashMap<String, Held>>,
     lost: mpsc::UnboundedSender<String>,
+    events: EventSender,
 }
 
 impl Leases {
-    /// Leases in `store` (expiring after `ttl`); keys lost are sent to `lost`.
-    pub fn new(store: Store, ttl: Duration, lost: mpsc::UnboundedSender<String>) -> Self {
+    /// Leases in `store` (expiring after `ttl`); keys lost are sent to `lost`, and the
+    /// partitions among them to the engine through `events`.
+    pub fn new(
+        store: Store,
+        ttl: Duration,
+        lost: mpsc::UnboundedSender<String>,
+        events: EventSender,
+    ) -> Self {
         Leases {
             store,
             ttl,
             held: Mutex::default(),
             lost,
+            events,
         }
     }
 
@@ -70,8 +82,14 @@ impl Leases {
         &self.store
     }
 
-    /// Takes `key` if nobody holds it: its lease, or `None` when it is someone else's.
-    pub async fn acquire(&self, key: &str, value: Bytes) -> Result<Option<Lease>, TransportError> {
+    /// Takes `key` if nobody holds it: its lease, or `None` when it is someone else's. The lease
+    /// of a partition names its `source`.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        value: Bytes,
+        source: Option<SourceId>,
+    ) -> Result<Option<Lease>, TransportError> {
         let sent = Instant::now();
         match self.store.create(key, value.clone()).await {
             Ok(revision) => {
@@ -82,6 +100,7 @@ impl Leases {
                         value,
                         revision,
                         lease: lease.clone(),
+                        source,
                     },
                 );
                 Ok(Some(lease))
@@ -143,20 +162,26 @@ impl Leases {
 
     /// Forgets and reports every lease that ran out.
     fn report_expired(&self) {
-        let expired: Vec<String> = {
+        let expired: Vec<(String, Option<SourceId>)> = {
             let mut held = self.held();
             let keys: Vec<String> = held
                 .iter()
                 .filter(|(_, h)| !h.lease.is_valid())
                 .map(|(k, _)| k.clone())
                 .collect();
-            keys.iter().for_each(|k| {
-                held.remove(k);
-            });
-            keys
+            keys.into_iter()
+                .filter_map(|k| held.remove(&k).map(|h| (k, h.source)))
+                .collect()
         };
-        for key in expired {
-            tracing::warn!(key, "lease lost: this member could not renew it in time");
+        let sources: Vec<SourceId> = expired.iter().filter_map(|(_, s)| s.clone()).collect();
+        if !sources.is_empty() {
+            tracing::warn!(
+                ?sources,
+                "partitions lost: this member could not renew their leases in time"
+            );
+            let _ = self.events.control(SourceEvent::Lost(sources));
+        }
+        for (key, _) in expired {
             let _ = self.lost.send(key);
         }
     }

@@ -33,6 +33,7 @@ use std::time::Duration;
 use async_nats::jetstream::kv::{CreateErrorKind, Operation, Store, UpdateErrorKind};
 use bytes::Bytes;
 use convoy_core::balance::{rotation, surplus, FairShare};
+use convoy_core::transport::EventSender;
 use convoy_core::{Assignment, Lease, Offset, RevokeAck, SourceEvent, SourceId, TransportError};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -44,7 +45,7 @@ use super::{Owned, Shared};
 use crate::config::NatsConfig;
 use crate::connect::{connect, Connected};
 use crate::error::nats_error;
-use crate::{source_id, topology};
+use crate::topology;
 
 /// After a partition could not be started, the wait before trying it again (then doubled, up
 /// to [`MAX_COOLING`]): the other partitions are served meanwhile.
@@ -88,14 +89,14 @@ fn all_partitions(config: &NatsConfig) -> Vec<(String, u32)> {
 impl Session {
     /// Connects, declares the streams and buckets, and announces the member. Returns the
     /// watermarks bucket for commits too.
-    pub async fn open(config: &NatsConfig) -> Result<(Session, Store), TransportError> {
+    pub async fn open(config: &NatsConfig, events: EventSender) -> Result<(Session, Store), TransportError> {
         let connected = connect(config, "consume").await?;
         for topic in &config.topics {
             topology::declare_topic(&connected.js, config, topic, config.partitions).await?;
         }
         let buckets = topology::declare_buckets(&connected.js, config).await?;
         let (lost_tx, lost) = mpsc::unbounded_channel();
-        let leases = Arc::new(Leases::new(buckets.leases, config.lease_ttl(), lost_tx));
+        let leases = Arc::new(Leases::new(buckets.leases, config.lease_ttl(), lost_tx, events));
         let me = fastrand::u64(..);
         let session = Session {
             connected,
@@ -120,7 +121,11 @@ impl Session {
         if self.leases.holds(&key) {
             return Ok(());
         }
-        match self.leases.acquire(&key, Bytes::from_static(b"member")).await? {
+        match self
+            .leases
+            .acquire(&key, Bytes::from_static(b"member"), None)
+            .await?
+        {
             Some(_) => Ok(()),
             // Our own key from before it was lost locally: it expires soon.
             None => Ok(()),
@@ -195,7 +200,7 @@ impl Session {
             for j in 0..share.extra_tokens() as u32 {
                 if self
                     .leases
-                    .acquire(&topology::token_key(j), Bytes::from_static(b"token"))
+                    .acquire(&topology::token_key(j), Bytes::from_static(b"token"), None)
                     .await?
                     .is_some()
                 {
@@ -226,7 +231,7 @@ impl Session {
                 break;
             }
             let (topic, p) = &partitions[i];
-            let source = source_id(topic, *p);
+            let source = SourceId::partition(topic, *p);
             if self.held.contains_key(&source)
                 || self
                     .cooling
@@ -238,7 +243,11 @@ impl Session {
             let key = topology::partition_key(topic, *p);
             if let Some(lease) = self
                 .leases
-                .acquire(&key, Bytes::from(format!("{:016x}", self.me)))
+                .acquire(
+                    &key,
+                    Bytes::from(format!("{:016x}", self.me)),
+                    Some(source.clone()),
+                )
                 .await?
             {
                 won.push((topic.clone(), *p, lease));
@@ -248,7 +257,7 @@ impl Session {
         let starts = won.iter().map(|(topic, p, _)| self.prepare(shared, topic, *p));
         let prepared = futures_util::future::join_all(starts).await;
         for ((topic, p, lease), prepared) in won.into_iter().zip(prepared) {
-            let source = source_id(&topic, p);
+            let source = SourceId::partition(&topic, p);
             match prepared {
                 Ok(start) => {
                     self.cooling.remove(&source);
@@ -321,7 +330,7 @@ impl Session {
 
     /// Serves a partition this member leased and prepared.
     fn start(&mut self, shared: &Arc<Shared>, topic: &str, p: u32, lease: Lease, start: Start) {
-        let source = source_id(topic, p);
+        let source = SourceId::partition(topic, p);
         let subject = topology::partition_subject(topic, p);
         let (paused_tx, paused_rx) = watch::channel(false);
         let delivered = Arc::new(AtomicU64::new(start.committed.unwrap_or(0)));
@@ -394,8 +403,9 @@ impl Session {
         }
     }
 
-    /// A lease ran out or was taken: a partition is lost (reported, never committed again), the
-    /// token or the presence is taken again by the next balance.
+    /// A lease ran out or was taken: a partition is lost (the keeper told the engine; its
+    /// reader stops here, and it is never committed again), the token or the presence is taken
+    /// again by the next balance.
     async fn lost_lease(&mut self, shared: &Arc<Shared>, key: &str) {
         if self.token.is_some_and(|j| topology::token_key(j) == key) {
             self.token = None;
@@ -413,8 +423,6 @@ impl Session {
             held.task.stop().await;
         }
         shared.owned().remove(&source);
-        tracing::warn!(%source, "partition lost: its lease could not be renewed in time");
-        let _ = shared.events.control(SourceEvent::Lost(vec![source]));
     }
 
     /// Leaves the group after the engine's final commit: readers stopped, every lease released.

@@ -114,7 +114,7 @@ impl Transport for NatsTransport {
         let (events, rx) = event_channel(EVENT_CAPACITY);
         // Connect and declare before returning, so a bad address or a mismatching stream is an
         // error of `subscribe`, not a silent retry loop.
-        let (session, watermarks) = member::Session::open(&self.config).await?;
+        let (session, watermarks) = member::Session::open(&self.config, events.clone()).await?;
         let (closed, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             config: self.config.clone(),

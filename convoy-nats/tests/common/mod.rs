@@ -14,7 +14,7 @@ use convoy_core::{
     DeadLetterSink, Message, Offset, Publisher, SourceId, Subscription, Transport, TransportError,
 };
 use convoy_nats::consumer::{EVENT_CAPACITY, MAX_BATCH};
-use convoy_nats::{admin, source_id, NatsConfig, NatsDeadLetterSink, NatsPublisher, NatsTransport};
+use convoy_nats::{admin, NatsConfig, NatsDeadLetterSink, NatsPublisher, NatsTransport};
 use convoy_testkit::conformance::{Capabilities, ConformanceTarget, Positions, TestBed};
 
 pub const URL_VAR: &str = "CONVOY_NATS_URL";
@@ -155,7 +155,7 @@ impl TestBed for NatsBed {
         Ok(admin::committed(&self.config, &self.topic)
             .await?
             .into_iter()
-            .map(|(p, w)| (source_id(&self.topic, p), w))
+            .map(|(p, w)| (SourceId::partition(&self.topic, p), w))
             .collect())
     }
 }

@@ -6,6 +6,8 @@ pub(crate) mod amqp;
 pub(crate) mod kafka;
 #[cfg(feature = "memory")]
 pub(crate) mod memory;
+#[cfg(feature = "nats")]
+pub(crate) mod nats;
 
 use crate::error::ConnectError;
 use crate::settings::Endpoint;
@@ -18,6 +20,8 @@ pub(crate) enum Backend {
     Kafka(convoy_kafka::KafkaConfig),
     #[cfg(feature = "amqp")]
     Amqp(convoy_amqp::AmqpConfig),
+    #[cfg(feature = "nats")]
+    Nats(Box<convoy_nats::NatsConfig>),
 }
 
 /// Opens the backend an endpoint names, or says which feature or crate provides it.
@@ -44,10 +48,12 @@ pub(crate) async fn open(endpoint: &Endpoint) -> Result<Backend, ConnectError> {
             scheme: "amqp",
             feature: "amqp",
         }),
-        "nats" => Err(ConnectError::NotBuiltYet {
+        #[cfg(feature = "nats")]
+        "nats" => nats::open(endpoint).await,
+        #[cfg(not(feature = "nats"))]
+        "nats" => Err(ConnectError::NotCompiled {
             scheme: "nats",
-            broker: "NATS JetStream",
-            krate: "convoy-nats",
+            feature: "nats",
         }),
         other => Err(ConnectError::UnknownScheme(other.to_owned())),
     }
@@ -70,7 +76,10 @@ mod tests {
         assert!(refusal("amqp://127.0.0.1")
             .await
             .contains("enable the `amqp` feature of the `convoy` crate"));
-        assert!(refusal("nats://127.0.0.1").await.contains("`convoy-nats` crate"));
+        #[cfg(not(feature = "nats"))]
+        assert!(refusal("nats://127.0.0.1")
+            .await
+            .contains("enable the `nats` feature of the `convoy` crate"));
         assert!(refusal("mqtt://127.0.0.1")
             .await
             .contains("unknown broker URL scheme `mqtt://`"));
