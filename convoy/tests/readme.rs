@@ -111,6 +111,31 @@ async fn the_readme_ledger_on_rabbitmq() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_ledger_on_nats() {
+    let Some(server) = std::env::var("CONVOY_NATS_URL").ok().filter(|u| !u.is_empty()) else {
+        eprintln!("CONVOY_NATS_URL is not set: skipping (scripts/test sets it)");
+        return;
+    };
+    let unique = format!(
+        "{}-{:x}",
+        std::process::id(),
+        std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
+    );
+    let url = format!("{server}?group=billing-{unique}");
+    let topic = format!("ledger-{unique}");
+    let balances = ledger(&url, &topic).await;
+    // The server is shared: delete what the run created, whatever it returned.
+    let connection = convoy::connect(&url).await.unwrap().with_topics(&[&topic]);
+    connection.delete_topic(&topic).await.unwrap();
+    let balances = balances.unwrap();
+    assert_eq!(balances.len(), 100);
+    assert!(
+        balances.values().all(|b| *b == 0),
+        "no debit ran before its credit"
+    );
+}
+
 #[test]
 fn the_readme_shows_this_code() {
     let this = include_str!("readme.rs");

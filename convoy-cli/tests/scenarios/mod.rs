@@ -1,8 +1,11 @@
 //! Scenarios of the `convoy` binary against a real broker, run by each broker's test file with
 //! its URL: dead-letter replay end to end, the benchmark, consume with Prometheus metrics,
-//! escaped output lines and a drain aborted by a second Ctrl-C.
+//! escaped output lines and a drain aborted by a second Ctrl-C; consumer processes joining,
+//! leaving and killed (`processes`).
 
 #![allow(clippy::unwrap_used, dead_code)] // shared by several test crates, each using a part
+
+pub mod processes;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Output, Stdio};
@@ -20,6 +23,29 @@ pub fn unique(prefix: &str) -> String {
         .unwrap()
         .as_nanos();
     format!("{prefix}-{}-{nanos:x}", std::process::id())
+}
+
+/// Deletes what a connection to `url` declared for a topic (its queues or streams and the
+/// dead-letter topic; on NATS the group's buckets) when dropped, even after a failure: the
+/// machine's RabbitMQ and NATS are shared.
+pub struct CleanUp(pub String, pub String);
+
+impl Drop for CleanUp {
+    fn drop(&mut self) {
+        let (url, topic) = (self.0.clone(), self.1.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if let Ok(connection) = convoy::connect(&url).await {
+                    let _ = connection.delete_topic(&topic).await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 pub fn convoy(args: &[&str]) -> Output {
