@@ -43,7 +43,7 @@ public final class ParallelConsumerBench {
         int keys = 1_000;
         double workMs = 0;
         int maxConcurrency = 256;
-        int warmups = 1;
+        int warmups = 3;
         long fetchMaxWaitMs = 5;
         long limitS = 600;
 
