@@ -1,5 +1,5 @@
 //! Benchmark scenarios on any broker: a [`ScenarioBed`] over a [`Connection`], with a fresh
-//! topic, group and dead-letter topic per run.
+//! topic (or one filled beforehand), group and dead-letter topic per run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,13 +11,16 @@ use convoy::{
 };
 use convoy_testkit::scenario::ScenarioBed;
 
-/// A fresh topic on a connection's broker, with its own group and dead-letter topic.
+/// A benchmark topic on a connection's broker (fresh, or filled beforehand), with a group and a
+/// dead-letter topic of its own.
 pub struct ConnectionBed {
     connection: Connection,
     topic: String,
     partitions: u32,
     publisher: Arc<dyn Publisher>,
     sink: Arc<dyn DeadLetterSink>,
+    /// The run created the topic (and deletes it afterwards).
+    owned: bool,
 }
 
 impl ConnectionBed {
@@ -25,26 +28,57 @@ impl ConnectionBed {
     pub async fn new(connection: &Connection, partitions: u32) -> Result<Self, ConnectError> {
         let unique = unique_suffix();
         let topic = format!("convoy-bench-{unique}");
-        let connection = connection
-            .with_topics(&[topic.as_str()])
-            .with_group(format!("convoy-bench-{unique}"))
-            .with_dlq_topic(format!("{topic}.dlq"));
+        let connection = for_run(connection, &topic, format!("convoy-bench-{unique}"));
         connection.create_topic(&topic, partitions).await?;
         connection.create_topic(&connection.dlq_topic()?, 1).await?;
         connection.prepare_baseline(&topic, partitions).await?;
+        ConnectionBed::with(connection, topic, partitions, true)
+    }
+
+    /// Joins `topic` as it is, filled beforehand by another process, with a fresh group and
+    /// the dead-letter topic `<topic>.dlq`; the topic is left in place afterwards.
+    pub async fn prefilled(
+        connection: &Connection,
+        topic: &str,
+        partitions: u32,
+    ) -> Result<Self, ConnectError> {
+        let connection = for_run(connection, topic, format!("convoy-bench-{}", unique_suffix()));
+        connection.create_topic(&connection.dlq_topic()?, 1).await?;
+        ConnectionBed::with(connection, topic.to_owned(), partitions, false)
+    }
+
+    fn with(
+        connection: Connection,
+        topic: String,
+        partitions: u32,
+        owned: bool,
+    ) -> Result<Self, ConnectError> {
         Ok(ConnectionBed {
             publisher: connection.publisher(&topic)?,
             sink: connection.dead_letter_sink()?,
             connection,
             topic,
             partitions,
+            owned,
         })
     }
 
-    /// Deletes what the run declared, where the broker keeps it (RabbitMQ's queues).
+    /// Deletes what the run declared, where the broker keeps it (RabbitMQ's queues); a topic
+    /// filled beforehand is left alone.
     pub async fn clean_up(&self) -> Result<(), ConnectError> {
+        if !self.owned {
+            return Ok(());
+        }
         self.connection.delete_topic(&self.topic).await
     }
+}
+
+/// The connection of one run: `topic`, its dead-letter topic `<topic>.dlq`, and `group`.
+fn for_run(connection: &Connection, topic: &str, group: String) -> Connection {
+    connection
+        .with_topics(&[topic])
+        .with_group(group)
+        .with_dlq_topic(format!("{topic}.dlq"))
 }
 
 #[async_trait]

@@ -1,5 +1,6 @@
-//! `convoy bench`: a scenario of convoy-testkit's runner on a fresh topic of the URL's broker,
-//! a progress bar while it runs, then the result table (or one JSON object).
+//! `convoy bench`: a scenario of convoy-testkit's runner on a fresh topic of the URL's broker
+//! (or on a Kafka topic filled beforehand, `--prefilled-topic`), a progress bar while it runs,
+//! then the result table (or one JSON object).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -16,6 +17,12 @@ use crate::settings::connect;
 /// The scenario the arguments describe.
 pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
     let memory_bound = args.scenario == ScenarioName::MemoryBound;
+    let prefilled = args.prefilled_topic.is_some();
+    if prefilled && (args.scenario != ScenarioName::Custom || args.rate.is_some()) {
+        return Err(
+            "--prefilled-topic drains a filled topic: use it with --scenario custom, without --rate".into(),
+        );
+    }
     let (messages, keys, transient, load) = match args.scenario {
         ScenarioName::Seed => (50_000, 10, 0.1, Load::Live { rate: args.rate }),
         ScenarioName::SeedLoad => {
@@ -30,8 +37,11 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
             100_000,
             1_000,
             0.0,
-            args.rate
-                .map_or(Load::Prefill, |rate| Load::Live { rate: Some(rate) }),
+            match args.rate {
+                Some(rate) => Load::Live { rate: Some(rate) },
+                None if prefilled => Load::Prefilled,
+                None => Load::Prefill,
+            },
         ),
         ScenarioName::MemoryBound => (48_000, 480, 0.0, Load::Prefill),
     };
@@ -81,9 +91,16 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
 pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
     let scenario = scenario(args)?;
     let connection = connect(config).await?;
-    let bed = ConnectionBed::new(&connection, scenario.partitions)
-        .await
-        .map_err(|e| e.to_string())?;
+    let bed = match &args.prefilled_topic {
+        // A fresh group reads a Kafka topic from its start; RabbitMQ's queues belong to the
+        // groups declared before publishing, and memory:// starts empty in every process.
+        Some(_) if connection.endpoint().scheme != "kafka" => {
+            return Err("--prefilled-topic needs a kafka:// URL".into())
+        }
+        Some(topic) => ConnectionBed::prefilled(&connection, topic, scenario.partitions).await,
+        None => ConnectionBed::new(&connection, scenario.partitions).await,
+    }
+    .map_err(|e| e.to_string())?;
     let bar = ProgressBar::with_draw_target(Some(scenario.messages), ProgressDrawTarget::stderr());
     if args.json {
         bar.set_draw_target(ProgressDrawTarget::hidden());

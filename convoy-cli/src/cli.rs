@@ -112,6 +112,11 @@ pub struct BenchArgs {
     /// Engine shards (0: four per CPU).
     #[arg(long, default_value_t = 0)]
     pub shards: usize,
+    /// Drain this existing Kafka topic with a fresh group instead of filling a fresh one (custom
+    /// scenario, no --rate): it must hold what `convoy produce --generate N --keys K --probes`
+    /// publishes, with N and K given here as --messages and --keys. Left in place afterwards.
+    #[arg(long, value_name = "TOPIC")]
+    pub prefilled_topic: Option<String>,
     /// Skip the bare-client baseline.
     #[arg(long)]
     pub no_baseline: bool,
@@ -138,6 +143,10 @@ pub struct ProduceArgs {
     /// Generated messages are spread over this many keys (key-0, key-1, …).
     #[arg(long, default_value_t = 10)]
     pub keys: usize,
+    /// Generate benchmark probes instead: the payload is the message's per-key sequence number,
+    /// what `convoy bench --prefilled-topic` checks.
+    #[arg(long, requires = "generate", conflicts_with = "headers")]
+    pub probes: bool,
     /// Header added to every message, NAME=VALUE (repeatable).
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_pair)]
     pub headers: Vec<(String, String)>,

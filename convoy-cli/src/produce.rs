@@ -1,9 +1,11 @@
-//! `convoy produce`: keyed messages from lines (`KEY<sep>PAYLOAD`) or generated, published in
-//! order and confirmed.
+//! `convoy produce`: keyed messages from lines (`KEY<sep>PAYLOAD`) or generated (JSON, or the
+//! benchmark's probes for `convoy bench --prefilled-topic`), published in order and confirmed.
 
 use std::process::ExitCode;
 
 use convoy::{ConnectConfig, OutgoingMessage};
+use convoy_testkit::scenario::prefill;
+use convoy_testkit::OrderChecker;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 
 use crate::cli::ProduceArgs;
@@ -41,7 +43,19 @@ pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::CliResult
             Ok::<u64, String>(n)
         }
     };
-    if let Some(count) = args.generate {
+    if let Some(count) = args.generate.filter(|_| args.probes) {
+        // The benchmark's own pre-fill: same messages, same batches as `convoy bench`.
+        prefill(
+            publisher.as_ref(),
+            &OrderChecker::new(),
+            count,
+            args.keys.max(1),
+            0,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        published = count;
+    } else if let Some(count) = args.generate {
         for seq in 0..count {
             let key = format!("key-{}", seq % args.keys.max(1) as u64);
             let payload = format!(r#"{{"key":"{key}","seq":{seq}}}"#);

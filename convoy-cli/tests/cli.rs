@@ -149,6 +149,34 @@ fn a_bad_url_is_one_clear_line() {
 }
 
 #[test]
+fn a_prefilled_topic_needs_the_custom_scenario_and_kafka() {
+    assert_one_line_error(
+        &convoy(&["bench", "--prefilled-topic", "t"]),
+        &["--prefilled-topic", "--scenario custom"],
+    );
+    assert_one_line_error(
+        &convoy(&[
+            "bench",
+            "--scenario",
+            "custom",
+            "--rate",
+            "100",
+            "--prefilled-topic",
+            "t",
+        ]),
+        &["--prefilled-topic", "without --rate"],
+    );
+    // memory:// starts empty in every process: nothing another process filled is there.
+    assert_one_line_error(
+        &convoy(&["bench", "--scenario", "custom", "--prefilled-topic", "t"]),
+        &["--prefilled-topic needs a kafka:// URL"],
+    );
+    let probes_alone = convoy(&["produce", "--probes"]);
+    assert!(!probes_alone.status.success());
+    assert!(String::from_utf8_lossy(&probes_alone.stderr).contains("--generate"));
+}
+
+#[test]
 fn an_unreachable_broker_is_one_clear_line() {
     // Port 1 on the loopback: nothing listens there.
     let out = convoy(&["--url", "kafka://127.0.0.1:1", "--topic", "t", "consume"]);

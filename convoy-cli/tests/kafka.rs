@@ -38,6 +38,61 @@ fn bench_runs_the_seed_scenario_on_kafka() {
     scenarios::bench_seed(&url, "kafka");
 }
 
+/// `convoy produce --probes` fills a topic once; each `bench --prefilled-topic` run drains all
+/// of it with a fresh group, in per-key order, and leaves it for the next one.
+#[test]
+fn bench_drains_a_prefilled_topic_with_a_fresh_group_each_run() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("prefilled");
+    let url = format!(
+        "kafka://{bootstrap}?topics={topic}&partitions=4&session_timeout_ms=6000&heartbeat.interval.ms=500"
+    );
+    let produced = scenarios::convoy(&[
+        "--url",
+        &url,
+        "produce",
+        "--generate",
+        "3000",
+        "--keys",
+        "30",
+        "--probes",
+    ]);
+    assert!(
+        produced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&produced.stderr)
+    );
+    for _ in 0..2 {
+        let out = scenarios::convoy(&[
+            "--url",
+            &url,
+            "bench",
+            "--scenario",
+            "custom",
+            "--prefilled-topic",
+            &topic,
+            "--messages",
+            "3000",
+            "--keys",
+            "30",
+            "--partitions",
+            "4",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (report["messages"].as_u64(), report["completed"].as_bool()),
+            (Some(3000), Some(true))
+        );
+        assert_eq!(
+            (report["order_violations"].as_u64(), report["lost"].as_u64()),
+            (Some(0), Some(0))
+        );
+        assert!(report["baseline_throughput_msg_s"].as_f64().unwrap() > 0.0);
+    }
+}
+
 #[test]
 fn consume_prints_lanes_and_serves_prometheus_metrics() {
     let Some(bootstrap) = bootstrap() else { return };

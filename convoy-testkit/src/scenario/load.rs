@@ -1,4 +1,5 @@
-//! Offering probe messages: all at once before the run, or live at a rate.
+//! Offering probe messages: all at once before the run, or live at a rate; or registering the
+//! ones another process published.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -6,7 +7,7 @@ use std::time::{Duration, Instant};
 use convoy_core::{Publisher, TransportError};
 
 use crate::checker::OrderChecker;
-use crate::probe::{probe_batch, unix_micros, SENT_AT_HEADER};
+use crate::probe::{probe_batch, probe_key, unix_micros, SENT_AT_HEADER};
 
 /// Messages built per shared buffer: few enough that parallel shards rarely contend on one
 /// buffer's reference count (a real transport gives each message its own buffer).
@@ -40,6 +41,16 @@ pub async fn prefill(
         publisher.publish_all(batch).await?;
     }
     Ok(())
+}
+
+/// Registers with `checker` the `messages` probes over `keys` keys that [`prefill`] publishes
+/// (key `key-{i % keys}` for message `i`), without publishing them: for a topic another process
+/// filled that way (`convoy produce --generate N --keys K --probes`).
+pub(super) fn register_prefilled(checker: &OrderChecker, messages: u64, keys: usize) {
+    let keys = keys.max(1) as u64;
+    for i in 0..messages {
+        checker.expect(&probe_key("key-", (i % keys) as usize));
+    }
 }
 
 /// Publishes `messages` probes stamped with their send time, at `rate` msg/s (open loop:
@@ -76,4 +87,25 @@ pub(super) async fn live(
         sent += count;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::decode_seq;
+
+    #[test]
+    fn registered_messages_are_the_ones_prefill_publishes() {
+        let registered = OrderChecker::new();
+        register_prefilled(&registered, 7, 3);
+        let published = probe_batch(&OrderChecker::new(), "key-", 3, 0, 7, 0);
+        for m in &published {
+            let key = m.key.as_deref().unwrap_or_default();
+            let seq = decode_seq(&m.payload).unwrap_or(u64::MAX);
+            registered.handled(key, seq, None);
+        }
+        let report = registered.report();
+        assert!(report.is_clean() && registered.complete(), "{report:?}");
+        assert_eq!((report.published, report.finished), (7, 7));
+    }
 }

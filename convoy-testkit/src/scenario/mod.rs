@@ -2,9 +2,11 @@
 //! generator, order checker, latency histogram and a bare-client baseline, over any
 //! [`ScenarioBed`] (a fresh topic, group and dead-letter topic on some broker).
 //!
-//! Two loads:
+//! Three loads:
 //! - [`Load::Prefill`]: the topic is filled first, then the engine drains it; the clock runs
 //!   from the first finished message to the last, latency is receipt → handled;
+//! - [`Load::Prefilled`]: as `Prefill`, on a topic another process already filled with the
+//!   same messages (`convoy produce --probes`), so that other consumers can drain it too;
 //! - [`Load::Live`]: the engine runs first and a producer offers messages while it consumes,
 //!   as fast as it can or at a fixed rate; latency is produce → handled.
 //!
@@ -38,6 +40,9 @@ use crate::probe::{FaultPlan, Latency, ProbeHandler, RecordingSink};
 pub enum Load {
     /// Fill the topic, then drain it.
     Prefill,
+    /// Drain a topic that already holds the messages [`prefill`] publishes (filled by another
+    /// process): they are registered with the checker, nothing is published.
+    Prefilled,
     /// Produce while the engine consumes; `rate` in messages per second, `None` for as fast as
     /// the producer goes.
     Live {
@@ -145,8 +150,8 @@ pub async fn run(
     progress: Progress<'_>,
 ) -> Result<ScenarioReport, String> {
     let checker = Arc::new(OrderChecker::with_capacity(scenario.keys));
-    if scenario.load == Load::Prefill {
-        prefill(
+    match scenario.load {
+        Load::Prefill => prefill(
             bed.publisher().as_ref(),
             &checker,
             scenario.messages,
@@ -154,7 +159,9 @@ pub async fn run(
             scenario.payload_bytes,
         )
         .await
-        .map_err(|e| format!("filling the topic failed: {e}"))?;
+        .map_err(|e| format!("filling the topic failed: {e}"))?,
+        Load::Prefilled => load::register_prefilled(&checker, scenario.messages, scenario.keys),
+        Load::Live { .. } => {}
     }
     let rss_before = rss_mb();
     // From here on the peak measures consumption, not what filling the topic took.
@@ -192,7 +199,7 @@ pub async fn run(
     // at its first message).
     let all_assigned = || running.stats().sources >= bed.partitions() as usize;
     let producer = match scenario.load {
-        Load::Prefill => {
+        Load::Prefill | Load::Prefilled => {
             while checker.finished() == 0 && Instant::now() < joined {
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
