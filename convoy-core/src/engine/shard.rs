@@ -9,9 +9,9 @@
 //! was dropped, before anyone hears back: a cancelled handler is gone, not merely asleep, when
 //! its source is handed to another member.
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -20,6 +20,8 @@ use bytes::Bytes;
 use futures_util::future::{AbortHandle, Abortable, Aborted};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -43,10 +45,19 @@ pub(crate) enum LaneKey {
     Detached(u64),
 }
 
+/// The shard of a lane whose key hashed to `hash`. The middle bits choose it: a shard's lane
+/// table uses the low bits (bucket) and the top seven (tag) of the same hash, which must stay
+/// spread among the lanes of one shard.
+pub(crate) fn shard_of(hash: u64, shards: usize) -> usize {
+    (hash >> 32) as usize % shards
+}
+
 /// A message routed to a shard.
 pub(crate) struct Work {
     pub message: Message,
     pub lane: LaneKey,
+    /// The lane key's hash (the intake's; the shard's table uses it as is).
+    pub hash: u64,
     pub slot: u32,
     pub epoch: u64,
     pub seq: Seq,
@@ -131,14 +142,42 @@ struct InFlight {
     message: Arc<Message>,
 }
 
-#[derive(Default)]
 struct Lane {
+    key: LaneKey,
+    hash: u64,
     queue: VecDeque<Work>,
     busy: Option<InFlight>,
 }
 
+impl Lane {
+    fn new(key: LaneKey, hash: u64) -> Self {
+        Lane {
+            key,
+            hash,
+            queue: VecDeque::new(),
+            busy: None,
+        }
+    }
+}
+
+/// The lanes of a shard by key, each stored with its key's hash (computed once, by the intake).
+#[derive(Default)]
+struct Lanes(HashTable<Lane>);
+
+impl Lanes {
+    fn entry(&mut self, key: &LaneKey, hash: u64) -> Entry<'_, Lane> {
+        self.0
+            .entry(hash, |l| l.hash == hash && l.key == *key, |l| l.hash)
+    }
+
+    fn get_mut(&mut self, key: &LaneKey, hash: u64) -> Option<&mut Lane> {
+        self.0.find_mut(hash, |l| l.hash == hash && l.key == *key)
+    }
+}
+
 struct Finished {
     lane: LaneKey,
+    hash: u64,
     ticket: u64,
     outcome: Result<Outcome, Aborted>,
 }
@@ -151,7 +190,7 @@ const FLUSH_AT: usize = 1024;
 pub(crate) struct Shard {
     commands: mpsc::UnboundedReceiver<ShardCommand>,
     reports: mpsc::UnboundedSender<ShardReport>,
-    lanes: HashMap<LaneKey, Lane, foldhash::fast::RandomState>,
+    lanes: Lanes,
     launcher: Launcher,
     pending: Vec<Completion>,
     /// Aborted lane futures not yet dropped.
@@ -171,6 +210,7 @@ struct Launcher {
 /// How a lane future is identified in the shard.
 struct Launch {
     lane: LaneKey,
+    hash: u64,
     slot: u32,
     epoch: u64,
     seq: Seq,
@@ -181,17 +221,17 @@ impl Launcher {
     /// Starts `work` as the in-flight message of its lane.
     fn start(&mut self, work: Work) -> InFlight {
         let message = Arc::new(work.message);
-        let future = lane::process(
+        let (ctx, stats, calls, lane_message) = (
             self.ctx.clone(),
             self.stats.clone(),
             self.calls.clone(),
             message.clone(),
-            work.check_duplicate,
-            work.received,
-            work.lease,
         );
+        let (check_duplicate, received, lease) = (work.check_duplicate, work.received, work.lease);
+        let future = move || lane::process(ctx, stats, calls, lane_message, check_duplicate, received, lease);
         let launch = Launch {
             lane: work.lane,
+            hash: work.hash,
             slot: work.slot,
             epoch: work.epoch,
             seq: work.seq,
@@ -200,14 +240,21 @@ impl Launcher {
         self.launch(launch, message, future)
     }
 
-    fn launch(
+    /// Starts the future `make` returns. It is made inside the boxed task, where it runs: a
+    /// lane future is about a kilobyte, and building it outside would copy it at every move
+    /// into place (measured: ~6 % of the engine's instructions per message).
+    fn launch<F>(
         &mut self,
         launch: Launch,
         message: Arc<Message>,
-        future: impl Future<Output = Outcome> + Send + 'static,
-    ) -> InFlight {
+        make: impl FnOnce() -> F + Send + 'static,
+    ) -> InFlight
+    where
+        F: Future<Output = Outcome> + Send + 'static,
+    {
         let Launch {
             lane,
+            hash,
             slot,
             epoch,
             seq,
@@ -216,14 +263,15 @@ impl Launcher {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         let (abort, registration) = AbortHandle::new_pair();
-        self.running
-            .push(Box::pin(Abortable::new(future, registration).map(
-                move |outcome| Finished {
-                    lane,
-                    ticket,
-                    outcome,
-                },
-            )));
+        self.running.push(Box::pin(async move {
+            let outcome = Abortable::new(make(), registration).await;
+            Finished {
+                lane,
+                hash,
+                ticket,
+                outcome,
+            }
+        }));
         InFlight {
             ticket,
             slot,
@@ -247,7 +295,7 @@ impl Shard {
         Shard {
             commands,
             reports,
-            lanes: HashMap::default(),
+            lanes: Lanes::default(),
             launcher: Launcher {
                 running: FuturesUnordered::new(),
                 ctx,
@@ -294,7 +342,7 @@ impl Shard {
     }
 
     fn flush(&mut self) {
-        self.launcher.stats.lanes.store(self.lanes.len(), Relaxed);
+        self.launcher.stats.lanes.store(self.lanes.0.len(), Relaxed);
         if !self.pending.is_empty() {
             // The intake is gone only when the engine is shutting down; nothing to report then.
             let _ = self
@@ -348,11 +396,20 @@ impl Shard {
     }
 
     fn enqueue(&mut self, work: Work) {
-        let lane = self.lanes.entry(work.lane.clone()).or_default();
-        if lane.busy.is_none() && lane.queue.is_empty() {
-            lane.busy = Some(self.launcher.start(work));
-        } else {
-            lane.queue.push_back(work);
+        match self.lanes.entry(&work.lane, work.hash) {
+            Entry::Occupied(mut entry) => {
+                let lane = entry.get_mut();
+                if lane.busy.is_none() && lane.queue.is_empty() {
+                    lane.busy = Some(self.launcher.start(work));
+                } else {
+                    lane.queue.push_back(work);
+                }
+            }
+            Entry::Vacant(entry) => {
+                let mut lane = Lane::new(work.lane.clone(), work.hash);
+                lane.busy = Some(self.launcher.start(work));
+                entry.insert(lane);
+            }
         }
     }
 
@@ -377,7 +434,7 @@ impl Shard {
             Outcome::Handled | Outcome::Duplicate | Outcome::DeadLettered => true,
         };
         // One lookup per finished message: complete it, then start the next or drop the lane.
-        let Entry::Occupied(mut entry) = self.lanes.entry(finished.lane) else {
+        let Entry::Occupied(mut entry) = self.lanes.entry(&finished.lane, finished.hash) else {
             return;
         };
         let lane = entry.get_mut();
@@ -409,8 +466,8 @@ impl Shard {
     }
 
     /// Starts the next queued message of an idle lane, or removes the lane if it has none.
-    fn advance(&mut self, key: LaneKey) {
-        let Entry::Occupied(mut entry) = self.lanes.entry(key) else {
+    fn advance(&mut self, key: &LaneKey, hash: u64) {
+        let Entry::Occupied(mut entry) = self.lanes.entry(key, hash) else {
             return;
         };
         let lane = entry.get_mut();
@@ -427,7 +484,7 @@ impl Shard {
 
     fn drop_queued(&mut self, epochs: &Epochs) -> Vec<(u64, Dropped)> {
         let mut dropped: HashMap<u64, Dropped> = HashMap::new();
-        self.lanes.retain(|_, lane| {
+        self.lanes.0.retain(|lane| {
             lane.queue.retain(|w| {
                 let drop = epochs.contains(w.epoch);
                 if drop {
@@ -443,38 +500,40 @@ impl Shard {
     }
 
     fn cancel(&mut self, epochs: &Epochs) {
-        let victims: Vec<LaneKey> = self
+        let victims: Vec<(LaneKey, u64)> = self
             .lanes
+            .0
             .iter()
-            .filter(|(_, lane)| lane.busy.as_ref().is_some_and(|b| epochs.contains(b.epoch)))
-            .map(|(key, _)| key.clone())
+            .filter(|lane| lane.busy.as_ref().is_some_and(|b| epochs.contains(b.epoch)))
+            .map(|lane| (lane.key.clone(), lane.hash))
             .collect();
-        for key in victims {
-            if let Some(busy) = self.lanes.get_mut(&key).and_then(|lane| lane.busy.take()) {
+        for (key, hash) in victims {
+            if let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|lane| lane.busy.take()) {
                 busy.abort.abort();
                 self.aborting += 1;
             }
-            self.advance(key);
+            self.advance(&key, hash);
         }
     }
 
     fn stuck(&mut self, epoch: u64, seq: Seq, waited: std::time::Duration) {
         let in_flight = self
             .lanes
+            .0
             .iter()
-            .find(|(_, l)| l.busy.as_ref().is_some_and(|b| b.epoch == epoch && b.seq == seq))
-            .map(|(k, _)| k.clone());
-        let (key, slot, weight, message) = if let Some(key) = in_flight {
-            let Some(busy) = self.lanes.get_mut(&key).and_then(|l| l.busy.take()) else {
+            .find(|l| l.busy.as_ref().is_some_and(|b| b.epoch == epoch && b.seq == seq))
+            .map(|l| (l.key.clone(), l.hash));
+        let (key, hash, slot, weight, message) = if let Some((key, hash)) = in_flight {
+            let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|l| l.busy.take()) else {
                 return;
             };
             busy.abort.abort();
             self.aborting += 1;
-            (key, busy.slot, busy.weight, busy.message)
+            (key, hash, busy.slot, busy.weight, busy.message)
         } else {
             // Queued behind another message of its key: take it out and give it a lane of its own.
             let mut found = None;
-            for lane in self.lanes.values_mut() {
+            for lane in self.lanes.0.iter_mut() {
                 if let Some(i) = lane.queue.iter().position(|w| w.epoch == epoch && w.seq == seq) {
                     found = lane.queue.remove(i);
                     break;
@@ -483,29 +542,34 @@ impl Shard {
             let Some(work) = found else {
                 return; // finished meanwhile
             };
-            (
-                LaneKey::Detached(self.launcher.next_ticket),
-                work.slot,
-                work.weight,
-                Arc::new(work.message),
-            )
+            let key = LaneKey::Detached(self.launcher.next_ticket);
+            let hash = foldhash::fast::FixedState::default().hash_one(&key);
+            (key, hash, work.slot, work.weight, Arc::new(work.message))
         };
         tracing::error!(source = %message.source, offset = message.offset, ?waited, "message stuck past the stuck timeout; cancelling and dead-lettering it");
         let ctx = self.launcher.ctx.clone();
         let stats = self.launcher.stats.clone();
         let reason = lane::stuck_reason(&ctx, waited);
         let dl_message = message.clone();
-        let future = async move {
+        let future = move || async move {
             lane::dead_letter(&ctx, &stats, &dl_message, reason, &mut fastrand::Rng::new()).await
         };
         let launch = Launch {
             lane: key.clone(),
+            hash,
             slot,
             epoch,
             seq,
             weight,
         };
         let in_flight = self.launcher.launch(launch, message, future);
-        self.lanes.entry(key).or_default().busy = Some(in_flight);
+        match self.lanes.entry(&key, hash) {
+            Entry::Occupied(mut entry) => entry.get_mut().busy = Some(in_flight),
+            Entry::Vacant(entry) => {
+                let mut lane = Lane::new(key, hash);
+                lane.busy = Some(in_flight);
+                entry.insert(lane);
+            }
+        }
     }
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::Intake;
 use crate::config::KeylessPolicy;
-use crate::engine::shard::{LaneKey, ShardCommand, Work};
+use crate::engine::shard::{shard_of, LaneKey, ShardCommand, Work};
 use crate::message::{Message, Offset, SourceId};
 
 impl Intake {
@@ -79,13 +79,13 @@ impl Intake {
             let check_duplicate = state.rewritten_until.is_none_or(|r| message.offset > r);
             let weight = message.weight();
             let lane = self.lane_key(&message, epoch);
-            let shard = match &lane {
-                LaneKey::Key(key) => (self.shard_hasher.hash_one(key) % shard_count as u64) as usize,
-                other => (self.shard_hasher.hash_one(other) % shard_count as u64) as usize,
-            };
+            // Hashed once here: the shard's lane table takes the same hash.
+            let hash = self.shard_hasher.hash_one(&lane);
+            let shard = shard_of(hash, shard_count);
             self.routes[shard].push(Work {
                 message,
                 lane,
+                hash,
                 slot,
                 epoch,
                 seq,
