@@ -45,6 +45,18 @@ pub(crate) enum LaneKey {
     Detached(u64),
 }
 
+/// Which lane a routed message joins. A keyed message's lane key is the message's own key:
+/// it is copied once when its lane is created, not for every message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LaneOf {
+    /// The lane of the message's key.
+    Key,
+    /// The lane of a source's keyless messages (by the source's assignment epoch).
+    Source(u64),
+    /// A lane of its own for one unordered keyless message.
+    Solo(u64),
+}
+
 /// The shard of a lane whose key hashed to `hash`. The middle bits choose it: a shard's lane
 /// table uses the low bits (bucket) and the top seven (tag) of the same hash, which must stay
 /// spread among the lanes of one shard.
@@ -55,7 +67,7 @@ pub(crate) fn shard_of(hash: u64, shards: usize) -> usize {
 /// A message routed to a shard.
 pub(crate) struct Work {
     pub message: Message,
-    pub lane: LaneKey,
+    pub lane: LaneOf,
     /// The lane key's hash (the intake's; the shard's table uses it as is).
     pub hash: u64,
     pub slot: u32,
@@ -69,6 +81,26 @@ pub(crate) struct Work {
     pub received: Instant,
     /// The source's lease, when it is held by one: no attempt starts once it ran out.
     pub lease: Option<Lease>,
+}
+
+impl Work {
+    /// The key of the lane this work joins (made when the lane is created).
+    fn lane_key(&self) -> LaneKey {
+        match self.lane {
+            LaneOf::Key => LaneKey::Key(self.message.ordering_key().cloned().unwrap_or_default()),
+            LaneOf::Source(epoch) => LaneKey::Source(epoch),
+            LaneOf::Solo(n) => LaneKey::Solo(n),
+        }
+    }
+
+    /// True if this work belongs to the lane `key`.
+    fn joins(&self, key: &LaneKey) -> bool {
+        match (self.lane, key) {
+            (LaneOf::Key, LaneKey::Key(k)) => self.message.ordering_key() == Some(k),
+            (LaneOf::Source(a), LaneKey::Source(b)) | (LaneOf::Solo(a), LaneKey::Solo(b)) => a == *b,
+            _ => false,
+        }
+    }
 }
 
 /// A finished message reported back to the intake for the watermark.
@@ -175,8 +207,8 @@ impl Lanes {
     }
 }
 
+/// A lane future's end; its lane is found by the hash and the ticket of its in-flight message.
 struct Finished {
-    lane: LaneKey,
     hash: u64,
     ticket: u64,
     outcome: Result<Outcome, Aborted>,
@@ -209,7 +241,6 @@ struct Launcher {
 
 /// How a lane future is identified in the shard.
 struct Launch {
-    lane: LaneKey,
     hash: u64,
     slot: u32,
     epoch: u64,
@@ -230,7 +261,6 @@ impl Launcher {
         let (check_duplicate, received, lease) = (work.check_duplicate, work.received, work.lease);
         let future = move || lane::process(ctx, stats, calls, lane_message, check_duplicate, received, lease);
         let launch = Launch {
-            lane: work.lane,
             hash: work.hash,
             slot: work.slot,
             epoch: work.epoch,
@@ -253,7 +283,6 @@ impl Launcher {
         F: Future<Output = Outcome> + Send + 'static,
     {
         let Launch {
-            lane,
             hash,
             slot,
             epoch,
@@ -266,7 +295,6 @@ impl Launcher {
         self.running.push(Box::pin(async move {
             let outcome = Abortable::new(make(), registration).await;
             Finished {
-                lane,
                 hash,
                 ticket,
                 outcome,
@@ -396,7 +424,12 @@ impl Shard {
     }
 
     fn enqueue(&mut self, work: Work) {
-        match self.lanes.entry(&work.lane, work.hash) {
+        let hash = work.hash;
+        match self
+            .lanes
+            .0
+            .entry(hash, |l| l.hash == hash && work.joins(&l.key), |l| l.hash)
+        {
             Entry::Occupied(mut entry) => {
                 let lane = entry.get_mut();
                 if lane.busy.is_none() && lane.queue.is_empty() {
@@ -406,7 +439,7 @@ impl Shard {
                 }
             }
             Entry::Vacant(entry) => {
-                let mut lane = Lane::new(work.lane.clone(), work.hash);
+                let mut lane = Lane::new(work.lane_key(), hash);
                 lane.busy = Some(self.launcher.start(work));
                 entry.insert(lane);
             }
@@ -434,25 +467,23 @@ impl Shard {
             Outcome::Handled | Outcome::Duplicate | Outcome::DeadLettered => true,
         };
         // One lookup per finished message: complete it, then start the next or drop the lane.
-        let Entry::Occupied(mut entry) = self.lanes.entry(&finished.lane, finished.hash) else {
+        // No lane has it in flight: a stale finish (the message was cancelled and replaced).
+        let (hash, ticket) = (finished.hash, finished.ticket);
+        let Ok(mut entry) = self
+            .lanes
+            .0
+            .find_entry(hash, |l| l.busy.as_ref().is_some_and(|b| b.ticket == ticket))
+        else {
             return;
         };
         let lane = entry.get_mut();
-        match lane.busy.take() {
-            Some(busy) if busy.ticket == finished.ticket => {
-                if finished_it {
-                    self.pending.push(Completion {
-                        slot: busy.slot,
-                        weight: u32::try_from(busy.weight).unwrap_or(u32::MAX),
-                        epoch: busy.epoch,
-                        seq: busy.seq,
-                    });
-                }
-            }
-            other => {
-                lane.busy = other; // a stale finish (the message was cancelled and replaced)
-                return;
-            }
+        if let Some(busy) = lane.busy.take().filter(|_| finished_it) {
+            self.pending.push(Completion {
+                slot: busy.slot,
+                weight: u32::try_from(busy.weight).unwrap_or(u32::MAX),
+                epoch: busy.epoch,
+                seq: busy.seq,
+            });
         }
         match lane.queue.pop_front() {
             Some(next) => lane.busy = Some(self.launcher.start(next)),
@@ -555,7 +586,6 @@ impl Shard {
             lane::dead_letter(&ctx, &stats, &dl_message, reason, &mut fastrand::Rng::new()).await
         };
         let launch = Launch {
-            lane: key.clone(),
             hash,
             slot,
             epoch,
