@@ -5,9 +5,9 @@
 //! A lane exists only while its key has work: it is removed as soon as its queue empties,
 //! so memory follows the active keys, never every key ever seen.
 //!
-//! Cancelling aborts a lane future and then polls the shard's futures until every aborted one
-//! was dropped, before anyone hears back: a cancelled handler is gone, not merely asleep, when
-//! its source is handed to another member.
+//! Cancelling drops a lane future at once (the shard owns it) and then polls the shard's set
+//! until the emptied task left it, before anyone hears back: a cancelled handler is gone, not
+//! merely asleep, when its source is handed to another member.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -15,9 +15,9 @@ use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use futures_util::future::{AbortHandle, Abortable, Aborted};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use hashbrown::hash_table::Entry;
@@ -170,7 +170,6 @@ struct InFlight {
     epoch: u64,
     seq: Seq,
     weight: usize,
-    abort: AbortHandle,
     message: Arc<Message>,
 }
 
@@ -211,10 +210,55 @@ impl Lanes {
 struct Finished {
     hash: u64,
     ticket: u64,
-    outcome: Result<Outcome, Aborted>,
+    /// `None`: cancelled.
+    outcome: Option<Outcome>,
 }
 
-type Running = Pin<Box<dyn Future<Output = Finished> + Send>>;
+/// A lane future in the shard's set. The shard cancels it itself — drops the lane future and
+/// wakes the task, whose next poll ends it — so no abort handle (an allocation and two atomic
+/// references per message) is needed.
+struct Running {
+    hash: u64,
+    ticket: u64,
+    future: Option<Pin<Box<dyn Future<Output = Outcome> + Send>>>,
+    /// The waker of the last poll that returned pending, to wake the task on cancel.
+    waker: Option<Waker>,
+}
+
+impl Running {
+    fn cancel(&mut self) {
+        self.future = None;
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+impl Future for Running {
+    type Output = Finished;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Finished> {
+        let this = self.get_mut();
+        let outcome = match this.future.as_mut() {
+            None => None,
+            Some(future) => match future.as_mut().poll(cx) {
+                Poll::Ready(outcome) => Some(outcome),
+                Poll::Pending => {
+                    if !this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        this.waker = Some(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+            },
+        };
+        this.future = None;
+        Poll::Ready(Finished {
+            hash: this.hash,
+            ticket: this.ticket,
+            outcome,
+        })
+    }
+}
 
 /// Completions are sent in batches of at most this many.
 const FLUSH_AT: usize = 1024;
@@ -291,23 +335,28 @@ impl Launcher {
         } = launch;
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let (abort, registration) = AbortHandle::new_pair();
-        self.running.push(Box::pin(async move {
-            let outcome = Abortable::new(make(), registration).await;
-            Finished {
-                hash,
-                ticket,
-                outcome,
-            }
-        }));
+        self.running.push(Running {
+            hash,
+            ticket,
+            future: Some(Box::pin(async move { make().await })),
+            waker: None,
+        });
         InFlight {
             ticket,
             slot,
             epoch,
             seq,
             weight,
-            abort,
             message,
+        }
+    }
+
+    /// Cancels the lane futures of `tickets` (their tasks end at their next poll).
+    fn cancel(&mut self, tickets: &[u64]) {
+        for running in self.running.iter_mut() {
+            if tickets.contains(&running.ticket) {
+                running.cancel();
+            }
         }
     }
 }
@@ -379,11 +428,11 @@ impl Shard {
         }
     }
 
-    /// Polls the lane futures until every aborted one returned, and so was dropped. An aborted
-    /// future is woken by its abort, so each round reaches it; `FuturesUnordered` may yield
-    /// before it polled everything ready (it does after two futures yield, as lanes waiting
-    /// out a sub-millisecond backoff do), which is why this loops on the count, not on
-    /// readiness.
+    /// Polls the shard's set until every cancelled task returned and left it (their lane
+    /// futures were dropped when cancelled). A cancelled task is woken by its cancel, so each
+    /// round reaches it; `FuturesUnordered` may yield before it polled everything ready (it
+    /// does after two futures yield, as lanes waiting out a sub-millisecond backoff do), which
+    /// is why this loops on the count, not on readiness.
     fn reap_aborted(&mut self) {
         while self.aborting > 0 {
             match self.launcher.running.next().now_or_never() {
@@ -447,13 +496,10 @@ impl Shard {
     }
 
     fn on_finished(&mut self, finished: Finished) {
-        let outcome = match finished.outcome {
-            Ok(outcome) => outcome,
-            Err(Aborted) => {
-                // Whoever aborted it already moved the lane on; it is dropped now.
-                self.aborting = self.aborting.saturating_sub(1);
-                return;
-            }
+        let Some(outcome) = finished.outcome else {
+            // Whoever cancelled it already moved the lane on; its task is gone now.
+            self.aborting = self.aborting.saturating_sub(1);
+            return;
         };
         let finished_it = match outcome {
             Outcome::Fatal(error) => {
@@ -538,11 +584,15 @@ impl Shard {
             .filter(|lane| lane.busy.as_ref().is_some_and(|b| epochs.contains(b.epoch)))
             .map(|lane| (lane.key.clone(), lane.hash))
             .collect();
-        for (key, hash) in victims {
-            if let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|lane| lane.busy.take()) {
-                busy.abort.abort();
+        let mut tickets = Vec::with_capacity(victims.len());
+        for (key, hash) in &victims {
+            if let Some(busy) = self.lanes.get_mut(key, *hash).and_then(|lane| lane.busy.take()) {
+                tickets.push(busy.ticket);
                 self.aborting += 1;
             }
+        }
+        self.launcher.cancel(&tickets);
+        for (key, hash) in victims {
             self.advance(&key, hash);
         }
     }
@@ -558,7 +608,7 @@ impl Shard {
             let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|l| l.busy.take()) else {
                 return;
             };
-            busy.abort.abort();
+            self.launcher.cancel(&[busy.ticket]);
             self.aborting += 1;
             (key, hash, busy.slot, busy.weight, busy.message)
         } else {
