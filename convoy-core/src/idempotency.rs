@@ -5,21 +5,37 @@
 //! event is skipped. The in-memory store forgets the oldest ids past its capacity and does not
 //! survive a restart; external side effects still need idempotent downstream services.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use bytes::Bytes;
+use hashbrown::HashTable;
 
-use crate::message::EventId;
+use crate::message::{EventId, Offset, SourceId};
 
 /// Remembers which events were finished.
+///
+/// A store that answers from memory can also answer without waiting (`contains_now`,
+/// `insert_now`): the engine then skips the asynchronous calls, which box a future each.
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// True when `id` was finished before.
     async fn contains(&self, id: &EventId) -> bool;
     /// Records `id` as finished.
     async fn insert(&self, id: EventId);
+
+    /// `Some(answer)` if the store can tell at once whether `id` was finished; `None` (the
+    /// default) makes the engine await [`contains`](IdempotencyStore::contains).
+    fn contains_now(&self, _id: &EventId) -> Option<bool> {
+        None
+    }
+
+    /// Records `id` at once if the store can (`Ok`); `Err(id)` (the default) makes the engine
+    /// await [`insert`](IdempotencyStore::insert) with it.
+    fn insert_now(&self, id: EventId) -> Result<(), EventId> {
+        Err(id)
+    }
 }
 
 /// A shared store (e.g. one store for engines that replace each other in one process).
@@ -32,20 +48,97 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     async fn insert(&self, id: EventId) {
         (**self).insert(id).await
     }
+
+    fn contains_now(&self, id: &EventId) -> Option<bool> {
+        (**self).contains_now(id)
+    }
+
+    fn insert_now(&self, id: EventId) -> Result<(), EventId> {
+        (**self).insert_now(id)
+    }
 }
 
 /// A bounded in-memory store: the newest `capacity` ids, split over independently locked
-/// stripes so parallel shards rarely contend.
+/// stripes so parallel shards rarely contend. Each id is hashed once per call: the hash picks
+/// the stripe and is the stripe table's hash too, and eviction reuses the stored hash.
 pub struct MemoryIdempotencyStore {
     stripes: Box<[Mutex<Stripe>]>,
     hasher: foldhash::fast::FixedState,
 }
 
+/// An id as the store keeps it: its own bytes, never a slice of the received record the id came
+/// from (which it would keep alive as long as it remembers the id), and inline when short — a
+/// generated event id (32 hex digits) or a UUID costs no allocation.
+enum Stored {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<[u8]>),
+    Position(SourceId, Offset),
+}
+
+const INLINE: usize = 38;
+
+impl Stored {
+    fn of(id: &EventId) -> Self {
+        match id {
+            EventId::Header(b) if b.len() <= INLINE => {
+                let mut bytes = [0; INLINE];
+                bytes[..b.len()].copy_from_slice(b);
+                Stored::Inline {
+                    len: b.len() as u8,
+                    bytes,
+                }
+            }
+            EventId::Header(b) => Stored::Heap(b.as_ref().into()),
+            EventId::Position(source, offset) => Stored::Position(source.clone(), *offset),
+        }
+    }
+
+    fn matches(&self, id: &EventId) -> bool {
+        match (self, id) {
+            (Stored::Inline { len, bytes }, EventId::Header(b)) => &bytes[..usize::from(*len)] == b.as_ref(),
+            (Stored::Heap(own), EventId::Header(b)) => own.as_ref() == b.as_ref(),
+            (Stored::Position(s, o), EventId::Position(source, offset)) => o == offset && s == source,
+            _ => false,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Stripe {
-    ids: HashSet<EventId, foldhash::fast::RandomState>,
-    order: VecDeque<EventId>,
+    ids: HashTable<(u64, Stored)>,
+    /// Hashes in insertion order (the oldest is evicted first); ids are unique in a stripe.
+    order: VecDeque<u64>,
     capacity: usize,
+}
+
+impl Stripe {
+    fn contains(&self, hash: u64, id: &EventId) -> bool {
+        self.ids
+            .find(hash, |(h, e)| *h == hash && e.matches(id))
+            .is_some()
+    }
+
+    fn insert(&mut self, hash: u64, id: &EventId) {
+        if self.contains(hash, id) {
+            return;
+        }
+        self.ids.insert_unique(hash, (hash, Stored::of(id)), |(h, _)| *h);
+        self.order.push_back(hash);
+        if self.order.len() > self.capacity {
+            self.evict_oldest();
+        }
+    }
+
+    /// Removes the oldest id: an entry with the oldest hash in `order`. Should two ids of a
+    /// stripe share a 64-bit hash, either may go first — an id forgotten a little early, never
+    /// one kept forever (entries with a hash and `order` slots with it stay equal in number).
+    fn evict_oldest(&mut self) {
+        if let Some(hash) = self.order.pop_front() {
+            if let Ok(entry) = self.ids.find_entry(hash, |(h, _)| *h == hash) {
+                entry.remove();
+            }
+        }
+    }
 }
 
 const STRIPES: usize = 16;
@@ -67,9 +160,10 @@ impl MemoryIdempotencyStore {
         }
     }
 
-    fn stripe(&self, id: &EventId) -> std::sync::MutexGuard<'_, Stripe> {
-        use std::hash::BuildHasher;
-        let i = (self.hasher.hash_one(id) as usize) % self.stripes.len();
+    fn stripe(&self, hash: u64) -> std::sync::MutexGuard<'_, Stripe> {
+        // Middle bits pick the stripe: the table inside uses the low bits (bucket) and the
+        // top seven (tag), which must stay spread within a stripe.
+        let i = (hash >> 32) as usize % self.stripes.len();
         // A poisoned stripe only means another thread panicked mid-insert; the set is still usable.
         self.stripes[i].lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -84,25 +178,32 @@ impl Default for MemoryIdempotencyStore {
 #[async_trait]
 impl IdempotencyStore for MemoryIdempotencyStore {
     async fn contains(&self, id: &EventId) -> bool {
-        self.stripe(id).ids.contains(id)
+        self.contains_at_once(id)
     }
 
     async fn insert(&self, id: EventId) {
-        // Own just the id's bytes: a header value is usually a slice of the whole received
-        // record, which the store would otherwise keep alive for as long as it remembers the id.
-        let id = match id {
-            EventId::Header(bytes) => EventId::Header(Bytes::copy_from_slice(&bytes)),
-            position => position,
-        };
-        let mut s = self.stripe(&id);
-        if s.ids.insert(id.clone()) {
-            s.order.push_back(id);
-            if s.order.len() > s.capacity {
-                if let Some(old) = s.order.pop_front() {
-                    s.ids.remove(&old);
-                }
-            }
-        }
+        self.insert_at_once(id);
+    }
+
+    fn contains_now(&self, id: &EventId) -> Option<bool> {
+        Some(self.contains_at_once(id))
+    }
+
+    fn insert_now(&self, id: EventId) -> Result<(), EventId> {
+        self.insert_at_once(id);
+        Ok(())
+    }
+}
+
+impl MemoryIdempotencyStore {
+    fn contains_at_once(&self, id: &EventId) -> bool {
+        let hash = self.hasher.hash_one(id);
+        self.stripe(hash).contains(hash, id)
+    }
+
+    fn insert_at_once(&self, id: EventId) {
+        let hash = self.hasher.hash_one(&id);
+        self.stripe(hash).insert(hash, &id);
     }
 }
 
@@ -110,6 +211,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
 mod tests {
     use super::*;
     use crate::message::SourceId;
+    use bytes::Bytes;
 
     #[tokio::test]
     async fn remembers_and_forgets_the_oldest_past_capacity() {
@@ -150,6 +252,31 @@ mod tests {
         assert!(
             record.try_into_mut().is_ok(),
             "the store pins the whole 64 KiB record for a 5-byte id"
+        );
+    }
+
+    #[tokio::test]
+    async fn short_long_and_positional_ids_answer_the_same_at_once_and_awaited() {
+        let store = MemoryIdempotencyStore::new(1_000);
+        let short = EventId::Header(Bytes::from_static(b"0123456789abcdef0123456789abcdef"));
+        let long = EventId::Header(Bytes::from(vec![b'x'; 200]));
+        let longer = EventId::Header(Bytes::from(vec![b'x'; 201]));
+        let at = EventId::Position(SourceId::new("t/0"), 7);
+        for id in [&short, &long, &at] {
+            assert_eq!(store.contains_now(id), Some(false));
+            assert!(store.insert_now(id.clone()).is_ok());
+            assert_eq!(store.contains_now(id), Some(true));
+            assert!(store.contains(id).await);
+        }
+        assert!(
+            !store.contains(&longer).await,
+            "a longer id sharing a prefix is another id"
+        );
+        assert!(!store.contains(&EventId::Position(SourceId::new("t/1"), 7)).await);
+        assert!(
+            !store
+                .contains(&EventId::Header(Bytes::from_static(b"t/0@7")))
+                .await
         );
     }
 }

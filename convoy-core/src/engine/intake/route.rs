@@ -8,19 +8,21 @@ use tokio::time::Instant;
 
 use super::Intake;
 use crate::config::KeylessPolicy;
-use crate::engine::shard::{LaneKey, ShardCommand, Work};
+use crate::engine::shard::{shard_of, LaneOf, ShardCommand, Work};
 use crate::message::{Message, Offset, SourceId};
 
 impl Intake {
-    fn lane_key(&mut self, message: &Message, epoch: u64) -> LaneKey {
-        match (message.ordering_key(), self.config.keyless) {
-            (Some(key), _) => LaneKey::Key(key.clone()),
-            (None, KeylessPolicy::PerSource) => LaneKey::Source(epoch),
+    /// The lane `message` joins, and that lane's hash (which picks the shard).
+    fn lane_of(&mut self, message: &Message, epoch: u64) -> (LaneOf, u64) {
+        let lane = match (message.ordering_key(), self.config.keyless) {
+            (Some(key), _) => return (LaneOf::Key, self.shard_hasher.hash_one(key)),
+            (None, KeylessPolicy::PerSource) => LaneOf::Source(epoch),
             (None, KeylessPolicy::Unordered | KeylessPolicy::DeadLetter) => {
                 self.next_solo += 1;
-                LaneKey::Solo(self.next_solo)
+                LaneOf::Solo(self.next_solo)
             }
-        }
+        };
+        (lane, self.shard_hasher.hash_one(lane))
     }
 
     pub(super) fn on_messages(&mut self, source: SourceId, messages: Vec<Message>) {
@@ -78,14 +80,13 @@ impl Intake {
             let lease = state.lease.clone();
             let check_duplicate = state.rewritten_until.is_none_or(|r| message.offset > r);
             let weight = message.weight();
-            let lane = self.lane_key(&message, epoch);
-            let shard = match &lane {
-                LaneKey::Key(key) => (self.shard_hasher.hash_one(key) % shard_count as u64) as usize,
-                other => (self.shard_hasher.hash_one(other) % shard_count as u64) as usize,
-            };
+            // Hashed once here: the shard's lane table takes the same hash.
+            let (lane, hash) = self.lane_of(&message, epoch);
+            let shard = shard_of(hash, shard_count);
             self.routes[shard].push(Work {
                 message,
                 lane,
+                hash,
                 slot,
                 epoch,
                 seq,
