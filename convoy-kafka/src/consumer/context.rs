@@ -1,8 +1,8 @@
 //! The rebalance callback: convoy's side of every assignment change.
 //!
 //! Assign: split each partition's queue off (before librdkafka fetches, so nothing reaches the
-//! main queue), read committed offsets and their offset maps, tell the engine, start the
-//! partition threads. Revoke: stop the partitions' threads (no message of the assignment follows),
+//! main queue), read committed offsets and their offset maps, tell the engine, hand the queues
+//! to the pollers. Revoke: take the queues from the pollers (no message of the assignment follows),
 //! send `Revoked` with its deadline and block until the engine acknowledges — drained, cancelled
 //! what still ran, committed — or the deadline passes. Lost: tell the engine, commit nothing.
 
@@ -15,7 +15,6 @@ use rdkafka::consumer::{Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset as KafkaOffset, TopicPartitionList};
 
-use super::partition::PartitionThread;
 use super::{KafkaConsumer, PartitionQueue, Shared, Tp, BROKER_TIMEOUT};
 use crate::convert::source_id;
 use crate::offset_map;
@@ -90,11 +89,8 @@ impl ConvoyContext {
     }
 
     fn start_partitions(&self, queues: Vec<(Tp, PartitionQueue)>) {
-        let mut map = self.shared.partitions.lock().unwrap_or_else(|p| p.into_inner());
         for (tp, queue) in queues {
-            if let Some(thread) = PartitionThread::start(&tp, queue, self.shared.clone()) {
-                map.insert(tp, thread);
-            }
+            self.shared.pollers.add(tp, queue, &self.shared);
         }
     }
 

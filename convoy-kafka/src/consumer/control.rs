@@ -98,14 +98,8 @@ impl KafkaControl {
                 while consumer.assignment().is_ok_and(|a| a.count() > 0) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                let all: Vec<Tp> = shared
-                    .partitions
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .keys()
-                    .cloned()
-                    .collect();
-                shared.stop_partitions(&all);
+                shared.stop_partitions(&shared.pollers.partitions());
+                shared.pollers.shutdown();
                 shared.stopped.store(true, SeqCst);
                 if let Some(main) = main {
                     let _ = main.join();

@@ -3,11 +3,13 @@
 //! Threads, because librdkafka's calls block and its rebalance callback must block too:
 //! - the *main* thread polls the consumer's main queue, which serves rebalance callbacks and
 //!   errors (no messages arrive there: every partition is split off before it is assigned);
-//! - one *partition* thread per assigned partition polls its own queue and sends batches to the
-//!   engine, so partitions are independent and a paused or slow one never blocks another.
+//! - each assigned partition keeps its own queue, so partitions are independent and a paused or
+//!   slow one never blocks another; a bounded pool of *poller* threads (one per CPU, at most
+//!   eight) serves the queues that librdkafka reports non-empty, so a member owning hundreds of
+//!   partitions does not run hundreds of threads.
 //!
-//! By job: [`context`] runs rebalances (assign, revoke with its deadline, lost), `partition`
-//! the partition threads, `control` pause/resume/commit/close.
+//! By job: [`context`] runs rebalances (assign, revoke with its deadline, lost), `pollers` the
+//! partitions' queues and the threads that poll them, `control` pause/resume/commit/close.
 //!
 //! Memory: with split queues librdkafka's prefetch limits apply per partition, so they are
 //! derived from the engine's [`PrefetchLimit`] divided over every partition of the subscribed
@@ -15,9 +17,9 @@
 
 mod context;
 mod control;
-mod partition;
+mod pollers;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -30,7 +32,7 @@ use rdkafka::Message as _;
 
 pub use self::context::ConvoyContext;
 use self::control::KafkaControl;
-use self::partition::PartitionThread;
+use self::pollers::Pollers;
 use crate::config::{KafkaConfig, Prefetch};
 use crate::fatal;
 
@@ -51,7 +53,7 @@ type Tp = (String, i32);
 struct Shared {
     events: EventSender,
     consumer: OnceLock<Weak<KafkaConsumer>>,
-    partitions: Mutex<HashMap<Tp, PartitionThread>>,
+    pollers: Pollers,
     /// Partitions the engine paused. Pausing stops draining the partition's queue; librdkafka
     /// keeps what it prefetched and stops fetching at its (bounded) queue limits. (librdkafka's
     /// own pause discards the prefetched messages and refetches them on resume: measured 7×
@@ -95,13 +97,18 @@ impl Shared {
     }
 
     fn set_paused(&self, which: &[Tp], paused: bool) {
-        let mut set = self.paused.lock().unwrap_or_else(|p| p.into_inner());
-        for tp in which {
-            if paused {
-                set.insert(tp.clone());
-            } else {
-                set.remove(tp);
+        {
+            let mut set = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+            for tp in which {
+                if paused {
+                    set.insert(tp.clone());
+                } else {
+                    set.remove(tp);
+                }
             }
+        }
+        if !paused {
+            self.pollers.resume(which);
         }
     }
 
@@ -109,17 +116,9 @@ impl Shared {
         self.paused.lock().unwrap_or_else(|p| p.into_inner()).contains(tp)
     }
 
+    /// Stops serving `which`: when this returns, no message of them reaches the engine.
     fn stop_partitions(&self, which: &[Tp]) {
-        let stopped: Vec<PartitionThread> = {
-            let mut map = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
-            which.iter().filter_map(|tp| map.remove(tp)).collect()
-        };
-        for p in &stopped {
-            p.stop();
-        }
-        for p in stopped {
-            p.join();
-        }
+        self.pollers.remove(which);
     }
 }
 
@@ -184,7 +183,7 @@ impl Transport for KafkaTransport {
         let shared = Arc::new(Shared {
             events,
             consumer: OnceLock::new(),
-            partitions: Mutex::new(HashMap::new()),
+            pollers: Pollers::new(),
             paused: Mutex::new(HashSet::new()),
             closing: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
