@@ -367,14 +367,14 @@ pub struct Prefetch {
     pub partition_kbytes: usize,
     /// `fetch.message.max.bytes`: how much one fetch may add beyond a partition's limit.
     pub fetch_bytes: usize,
-    /// Most messages per batch a partition thread hands the engine.
+    /// Most messages per batch a poller hands the engine for one partition.
     pub batch_messages: usize,
     /// Most bytes per batch (the event channel holds a few batches: their size is bounded too).
     pub batch_bytes: usize,
 }
 
 impl Prefetch {
-    /// Most messages a partition thread hands the engine at once.
+    /// Most messages a poller hands the engine for one partition at once.
     pub const MAX_BATCH: usize = 500;
 
     /// Divides `limit` over `partitions` partitions.
