@@ -5,10 +5,12 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// convoy — per-key ordered message handling (the sequential convoy) over memory or Kafka.
+/// convoy — per-key ordered message handling (the sequential convoy) over Kafka, RabbitMQ,
+/// NATS JetStream or the embedded broker.
 ///
 /// Every command talks to the broker named by --url: `memory://` (the embedded broker: zero
-/// setup, lives inside this one process) or `kafka://host:port`. Settings come from flags, then
+/// setup, lives inside this one process), `kafka://host:port`, `amqp://user:password@host:port/vhost`
+/// or `nats://host:port`. Settings come from flags, then
 /// CONVOY_* environment variables (CONVOY_URL, CONVOY_GROUP, CONVOY_TOPICS, CONVOY_DLQ_TOPIC,
 /// CONVOY_PARTITIONS), then --config FILE (TOML with the same names).
 ///
@@ -16,8 +18,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Parser, Debug)]
 #[command(name = "convoy", version, max_term_width = 100, after_long_help = EXAMPLES)]
 pub struct Cli {
-    /// Broker URL, e.g. memory:// or kafka://127.0.0.1:9092?group=billing&topics=ledger
-    /// (any librdkafka property may be added as a parameter, e.g. &security.protocol=ssl).
+    /// Broker URL, e.g. memory://, kafka://127.0.0.1:9092?group=billing&topics=ledger (any
+    /// librdkafka property may be added as a parameter, e.g. &security.protocol=ssl),
+    /// 'amqp://guest:guest@127.0.0.1:5672/%2f' or nats://127.0.0.1:4222.
     #[arg(long, global = true)]
     pub url: Option<String>,
     /// TOML file with url, group, topics, dlq_topic, partitions and [properties].
@@ -44,7 +47,9 @@ Examples:
   printf 'acct-1\\t{\"cents\":500}\\n' | convoy --url kafka://127.0.0.1:9092 --topic ledger produce
   convoy --url kafka://127.0.0.1:9092 --topic ledger --group billing consume --metrics-addr 127.0.0.1:9898
   convoy --url kafka://127.0.0.1:9092 --topic ledger dlq list
-  convoy --url kafka://127.0.0.1:9092 --topic ledger dlq replay --key acct-1 --dry-run";
+  convoy --url kafka://127.0.0.1:9092 --topic ledger dlq replay --key acct-1 --dry-run
+  convoy --url 'amqp://guest:guest@127.0.0.1:5672/%2f' --topic ledger --group billing consume
+  convoy --url nats://127.0.0.1:4222 bench";
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]
