@@ -80,6 +80,23 @@ fn seed_load_reports_whether_the_rate_was_held() {
     assert_eq!(report["offered_rate_msg_s"], 2000.0);
     assert!(report["rate_held"].is_boolean(), "{report}");
     assert_eq!(report["lost"], 0);
+    // A live load splits the time before the handler at the engine's receipt.
+    let stages = &report["stages"];
+    for field in [
+        "to_engine_p50_ms",
+        "to_engine_p99_ms",
+        "in_engine_p50_ms",
+        "in_engine_p99_ms",
+    ] {
+        assert!(
+            stages[field].as_f64().is_some_and(|ms| ms > 0.0),
+            "{field}: {report}"
+        );
+    }
+    assert!(
+        stages["to_engine_p99_ms"].as_f64() <= report["p999_ms"].as_f64().map(|p| p + 1.0),
+        "a stage cannot exceed the whole: {report}"
+    );
 }
 
 #[test]

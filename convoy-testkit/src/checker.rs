@@ -35,6 +35,32 @@ struct Stripe {
     ahead: HashMap<u64, BTreeSet<u64>, foldhash::fast::RandomState>,
     active: HashSet<Bytes, foldhash::fast::RandomState>,
     latency_us: Histogram<u64>,
+    /// Produce → received by the engine (the broker path), first attempts only.
+    to_engine_us: Histogram<u64>,
+    /// Received by the engine → handler started (queued behind the key, back-pressure).
+    in_engine_us: Histogram<u64>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // Constant, valid bounds: 1 µs to 1 h at 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("constant histogram bounds are valid")
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros().clamp(1, u128::from(u64::MAX)) as u64
+}
+
+/// Latency percentiles in microseconds: p50, p95, p99, p99.9.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: u64,
+    /// 95th percentile.
+    pub p95: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
 }
 
 /// Counts reported by [`OrderChecker::report`].
@@ -115,9 +141,9 @@ impl OrderChecker {
                         keys: HashMap::with_capacity_and_hasher(per_stripe, Default::default()),
                         ahead: HashMap::default(),
                         active: HashSet::default(),
-                        // Constant, valid bounds: 1 µs to 1 h at 3 significant digits.
-                        latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                            .expect("constant histogram bounds are valid"),
+                        latency_us: histogram(),
+                        to_engine_us: histogram(),
+                        in_engine_us: histogram(),
                     })
                 })
                 .collect(),
@@ -190,7 +216,7 @@ impl OrderChecker {
         let mut guard = self.stripe_of(hash);
         let stripe = &mut *guard;
         if let Some(l) = latency {
-            stripe.latency_us.saturating_record(l.as_micros().max(1) as u64);
+            stripe.latency_us.saturating_record(micros(l));
         }
         let Some(state) = stripe.keys.get_mut(&hash) else {
             drop(guard);
@@ -264,26 +290,48 @@ impl OrderChecker {
         }
     }
 
+    /// Records where a message's time went before its handler started: produce → received by
+    /// the engine, and received → handler started.
+    pub fn stages(&self, key: &[u8], to_engine: Duration, in_engine: Duration) {
+        let hash = self.hasher.hash_one(key);
+        let mut stripe = self.stripe_of(hash);
+        stripe.to_engine_us.saturating_record(micros(to_engine));
+        stripe.in_engine_us.saturating_record(micros(in_engine));
+    }
+
     /// Latency percentiles (microseconds) over everything recorded: (p50, p95, p99, p999).
     pub fn latency_percentiles_us(&self) -> (u64, u64, u64, u64) {
+        let p = self.percentiles(|s| &s.latency_us);
+        (p.p50, p.p95, p.p99, p.p999)
+    }
+
+    /// Percentiles of the two stages recorded by [`stages`](Self::stages): (produce → engine,
+    /// engine → handler); `None` if none was recorded.
+    pub fn stage_percentiles_us(&self) -> Option<(Percentiles, Percentiles)> {
+        let to = self.percentiles(|s| &s.to_engine_us);
+        let inside = self.percentiles(|s| &s.in_engine_us);
+        (to != Percentiles::default()).then_some((to, inside))
+    }
+
+    fn percentiles(&self, which: impl Fn(&Stripe) -> &Histogram<u64>) -> Percentiles {
         let mut all: Option<Histogram<u64>> = None;
         for stripe in self.stripes.iter() {
             let s = stripe.lock().unwrap_or_else(|p| p.into_inner());
             match &mut all {
-                None => all = Some(s.latency_us.clone()),
+                None => all = Some(which(&s).clone()),
                 Some(h) => {
-                    let _ = h.add(&s.latency_us);
+                    let _ = h.add(which(&s));
                 }
             }
         }
         match all {
-            Some(h) if !h.is_empty() => (
-                h.value_at_quantile(0.50),
-                h.value_at_quantile(0.95),
-                h.value_at_quantile(0.99),
-                h.value_at_quantile(0.999),
-            ),
-            _ => (0, 0, 0, 0),
+            Some(h) if !h.is_empty() => Percentiles {
+                p50: h.value_at_quantile(0.50),
+                p95: h.value_at_quantile(0.95),
+                p99: h.value_at_quantile(0.99),
+                p999: h.value_at_quantile(0.999),
+            },
+            _ => Percentiles::default(),
         }
     }
 
@@ -360,5 +408,18 @@ mod tests {
             let _again = c.enter(&k("a"));
         }
         assert_eq!(c.report().overlaps, 1);
+    }
+
+    #[test]
+    fn stages_are_reported_only_when_recorded() {
+        let checker = OrderChecker::new();
+        assert_eq!(checker.stage_percentiles_us(), None);
+        for ms in 1..=100u64 {
+            checker.stages(b"k", Duration::from_millis(ms), Duration::from_micros(ms));
+        }
+        let (to, inside) = checker.stage_percentiles_us().unwrap();
+        assert!((49_000..=51_000).contains(&to.p50), "{to:?}");
+        assert!((98_000..=100_000).contains(&to.p99), "{to:?}");
+        assert!((49..=51).contains(&inside.p50), "{inside:?}");
     }
 }

@@ -295,6 +295,14 @@ impl Handler for ProbeHandler {
         {
             *counts.entry((key.clone(), seq)).or_default() += 1;
         }
+        if delivery.attempt() == 1 {
+            if let Some(sent) = sent_at(&delivery) {
+                let in_engine = delivery.received().elapsed();
+                let since_sent = Duration::from_micros(unix_micros().saturating_sub(sent));
+                self.checker
+                    .stages(&key, since_sent.saturating_sub(in_engine), in_engine);
+            }
+        }
         let _key_guard = self.checker.enter(&key);
         let now = self.in_flight.fetch_add(1, Relaxed) + 1;
         self.max_in_flight.fetch_max(now, Relaxed);
@@ -351,12 +359,16 @@ pub fn unix_micros() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-fn latency(delivery: &Delivery) -> Duration {
-    match delivery
+/// When the message was produced ([`SENT_AT_HEADER`]), if the load generator said.
+fn sent_at(delivery: &Delivery) -> Option<u64> {
+    delivery
         .headers()
         .get_str(SENT_AT_HEADER)
         .and_then(|s| s.parse::<u64>().ok())
-    {
+}
+
+fn latency(delivery: &Delivery) -> Duration {
+    match sent_at(delivery) {
         Some(sent) => Duration::from_micros(unix_micros().saturating_sub(sent)),
         None => delivery.received().elapsed(),
     }

@@ -25,6 +25,11 @@ pub struct ScenarioReport {
     pub p99_ms: f64,
     /// 99.9th percentile.
     pub p999_ms: f64,
+    /// Where the time went before the handler, when messages carry their produce time (live
+    /// loads): produce → received by the engine (the broker path) and received → handler
+    /// started (the engine), p50 / p99 in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stages: Option<Stages>,
     /// Retries after transient failures.
     pub retries: u64,
     /// Dead letters.
@@ -94,6 +99,19 @@ pub struct Measured<'a> {
     pub back_pressure: convoy_core::BackPressure,
 }
 
+/// Latency before the handler, split at the engine's receipt (milliseconds).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Stages {
+    /// Produce → received by the engine, median.
+    pub to_engine_p50_ms: f64,
+    /// Produce → received by the engine, 99th percentile.
+    pub to_engine_p99_ms: f64,
+    /// Received by the engine → handler started, median.
+    pub in_engine_p50_ms: f64,
+    /// Received by the engine → handler started, 99th percentile.
+    pub in_engine_p99_ms: f64,
+}
+
 impl ScenarioReport {
     /// The report of a run.
     pub fn new(m: Measured<'_>) -> Self {
@@ -113,6 +131,12 @@ impl ScenarioReport {
             p95_ms: p95 as f64 / 1000.0,
             p99_ms: p99 as f64 / 1000.0,
             p999_ms: p999 as f64 / 1000.0,
+            stages: m.checker.stage_percentiles_us().map(|(to, inside)| Stages {
+                to_engine_p50_ms: to.p50 as f64 / 1000.0,
+                to_engine_p99_ms: to.p99 as f64 / 1000.0,
+                in_engine_p50_ms: inside.p50 as f64 / 1000.0,
+                in_engine_p99_ms: inside.p99 as f64 / 1000.0,
+            }),
             retries: m.stats.retries,
             dead_letters: check.dead_lettered,
             order_violations: check.order_violations + check.overlaps,
@@ -171,6 +195,20 @@ impl ScenarioReport {
                 "latency p99 / p99.9",
                 format!("{:.3} ms / {:.3} ms", self.p99_ms, self.p999_ms),
             ),
+        ]);
+        if let Some(s) = self.stages {
+            rows.extend([
+                (
+                    "produce → engine p50 / p99",
+                    format!("{:.3} ms / {:.3} ms", s.to_engine_p50_ms, s.to_engine_p99_ms),
+                ),
+                (
+                    "engine → handler p50 / p99",
+                    format!("{:.3} ms / {:.3} ms", s.in_engine_p50_ms, s.in_engine_p99_ms),
+                ),
+            ]);
+        }
+        rows.extend([
             ("retries", self.retries.to_string()),
             ("dead letters", self.dead_letters.to_string()),
             ("order violations", self.order_violations.to_string()),
