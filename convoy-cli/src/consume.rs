@@ -72,12 +72,14 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         .dead_letter_sink(connection.dead_letter_sink().map_err(|e| e.to_string())?)
         .build()
         .map_err(|e| e.to_string())?;
+    // Listening before the engine starts: from here on no Ctrl-C is lost (see `Interrupts`).
+    let mut interrupts = Interrupts::listen().map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
     let running = engine.start(&connection).await.map_err(|e| e.to_string())?;
     let stopper = running.stopper();
     let finished = |s: &convoy::StatsSnapshot| s.handled + s.dead_lettered + s.duplicates;
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = interrupts.next() => break,
             _ = tokio::time::sleep(Duration::from_millis(20)) => {
                 let done = args.max_messages.is_some_and(|max| finished(&running.stats()) >= max);
                 if done || running.is_finished() {
@@ -96,7 +98,7 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
     let report = loop {
         tokio::select! {
             report = &mut join => break report.map_err(|e| e.to_string())?,
-            _ = tokio::signal::ctrl_c(), if !aborted => {
+            _ = interrupts.next(), if !aborted => {
                 aborted = true;
                 eprintln!("second Ctrl-C: aborting the drain");
                 stopper.shutdown();
@@ -109,6 +111,36 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Ctrl-C notifications, from one listener kept for the whole command. A fresh
+/// `tokio::signal::ctrl_c()` per wait loses a signal that arrives between two waits: once any
+/// listener was registered the process no longer dies of SIGINT, and a listener created later
+/// does not see an earlier signal (seen: a member left waiting forever after its Ctrl-C).
+struct Interrupts {
+    #[cfg(unix)]
+    signals: tokio::signal::unix::Signal,
+    #[cfg(windows)]
+    signals: tokio::signal::windows::CtrlC,
+}
+
+impl Interrupts {
+    fn listen() -> std::io::Result<Self> {
+        Ok(Interrupts {
+            #[cfg(unix)]
+            signals: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?,
+            #[cfg(windows)]
+            signals: tokio::signal::windows::ctrl_c()?,
+        })
+    }
+
+    /// The next Ctrl-C (at once if one arrived since the last).
+    async fn next(&mut self) {
+        if self.signals.recv().await.is_none() {
+            // The runtime's signal driver is gone: no Ctrl-C can come any more.
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 fn summarize(report: &EngineReport) {

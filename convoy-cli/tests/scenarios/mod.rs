@@ -285,12 +285,27 @@ pub fn consume_prints_and_serves_metrics(url: &str) {
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
-    let status = child.wait().unwrap();
+    let status = wait_exit(&mut child);
     let mut stderr = String::new();
     child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
     std::mem::forget(guard); // exited and reaped: its pid may be reused
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("stopped: 200 handled"), "{stderr}");
+}
+
+/// Waits for `child` to exit, at most two minutes (a test never hangs on a process).
+pub fn wait_exit(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the process did not exit within 2 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn interrupt(child: &std::process::Child) {
@@ -363,7 +378,7 @@ pub async fn second_ctrl_c(url: &str, topic: &str) {
         }
     }
     interrupt(&child);
-    let status = child.wait().unwrap();
+    let status = wait_exit(&mut child);
     let rest: Vec<String> = stderr.map_while(Result::ok).collect();
     std::mem::forget(guard); // exited and reaped: its pid may be reused
     let all = [seen, rest].concat().join("\n");

@@ -40,10 +40,11 @@ impl Member {
         assert!(sent.success(), "kill -{name} failed");
     }
 
-    /// Ctrl-C, then waits: the member drains, commits and leaves; true if it exited cleanly.
+    /// Ctrl-C, then waits (at most two minutes): the member drains, commits and leaves; true if
+    /// it exited cleanly.
     pub fn leave(mut self) -> bool {
         self.signal("INT");
-        self.0.wait().unwrap().success()
+        super::wait_exit(&mut self.0).success()
     }
 }
 
