@@ -35,6 +35,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use convoy_core::partitioner::partition_for_key;
@@ -52,6 +53,9 @@ use crate::convert::{to_field_table, KEY_HEADER};
 use crate::error::broker;
 
 use crate::topology;
+
+/// Longest wait for a batch's publisher confirmations (connection and channel set-up included).
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where a publisher sends.
 #[derive(Clone, Debug)]
@@ -157,10 +161,33 @@ impl AmqpPublisher {
     }
 
     /// Publishes in order, pipelined: every message is written before any confirmation is
-    /// awaited (one channel keeps their order).
+    /// awaited (one channel keeps their order). Bounded by [`CONFIRM_TIMEOUT`]: lapin was seen
+    /// to leave a publish waiting forever once its connection was gone (no socket left, no
+    /// error), so a batch that is not confirmed in time fails, and the next one reconnects.
     async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
         let mut open = self.open.lock().await;
-        let channel = self.channel(&mut open).await?;
+        match tokio::time::timeout(CONFIRM_TIMEOUT, self.send_on(&mut open, messages)).await {
+            Ok(sent) => sent,
+            Err(_) => {
+                *open = None;
+                Err(TransportError::broker(
+                    format!("publishing to {}", self.target),
+                    format!(
+                        "RabbitMQ confirmed nothing within {CONFIRM_TIMEOUT:?}; the connection is \
+                         reopened on the next publish (is the broker alive, or blocked by a \
+                         memory or disk alarm?)"
+                    ),
+                ))
+            }
+        }
+    }
+
+    async fn send_on(
+        &self,
+        open: &mut Option<(Connection, Channel)>,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Receipt>, TransportError> {
+        let channel = self.channel(open).await?;
         let mut writes = Vec::with_capacity(messages.len());
         let mut receipts = Vec::with_capacity(messages.len());
         for message in messages {
