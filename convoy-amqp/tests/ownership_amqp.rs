@@ -6,40 +6,14 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use convoy_amqp::AmqpTransport;
-use convoy_core::{Commit, Engine, EngineHandle, SourceEvent, Transport};
-use convoy_testkit::conformance::{test_config, TestBed};
-use convoy_testkit::probe::{decode_seq, publish_load, ProbeHandler, RecordingSink};
+use convoy_core::{Commit, SourceEvent, Transport};
+use convoy_testkit::conformance::TestBed;
+use convoy_testkit::ownership::partitions_spread_within_one_of_their_share;
+use convoy_testkit::probe::{decode_seq, publish_load};
 use convoy_testkit::OrderChecker;
-
-async fn member(bed: &common::AmqpBed, checker: &Arc<OrderChecker>) -> EngineHandle {
-    let engine = Engine::builder(ProbeHandler::new(checker.clone()))
-        .config(test_config(bed.group()))
-        .dead_letter_sink(RecordingSink::new(bed.dead_letter_sink(), checker.clone()))
-        .build()
-        .unwrap();
-    engine
-        .start(&AmqpTransport::new(bed.config.clone()).unwrap())
-        .await
-        .unwrap()
-}
-
-/// Waits until the members own these many sources each (in any order).
-async fn wait_for_shares(members: &[&EngineHandle], mut want: Vec<usize>) -> Vec<usize> {
-    want.sort_unstable();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut have: Vec<usize> = members.iter().map(|m| m.stats().sources).collect();
-        have.sort_unstable();
-        if have == want || tokio::time::Instant::now() >= deadline {
-            return have;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_spread_over_the_members_within_one_of_their_share() {
@@ -48,37 +22,8 @@ async fn partitions_spread_over_the_members_within_one_of_their_share() {
         return;
     };
     let bed = common::AmqpBed::new(&uri, 8).await;
-    let checker = Arc::new(OrderChecker::new());
-    let a = member(&bed, &checker).await;
-    assert_eq!(wait_for_shares(&[&a], vec![8]).await, [8]);
-    let b = member(&bed, &checker).await;
-    assert_eq!(wait_for_shares(&[&a, &b], vec![4, 4]).await, [4, 4]);
-    let c = member(&bed, &checker).await;
-    assert_eq!(wait_for_shares(&[&a, &b, &c], vec![2, 3, 3]).await, [2, 3, 3]);
-    // Messages flow to all of them, in order, with handovers in between.
-    publish_load(bed.publisher().as_ref(), &checker, "k", 40, 10)
-        .await
-        .unwrap();
-    assert!(
-        checker.wait_complete(Duration::from_secs(60)).await,
-        "{:?}",
-        checker.report()
-    );
-    b.stop().await.unwrap();
-    assert_eq!(wait_for_shares(&[&a, &c], vec![4, 4]).await, [4, 4]);
-    publish_load(bed.publisher().as_ref(), &checker, "k", 40, 10)
-        .await
-        .unwrap();
-    assert!(
-        checker.wait_complete(Duration::from_secs(60)).await,
-        "{:?}",
-        checker.report()
-    );
-    a.stop().await.unwrap();
-    c.stop().await.unwrap();
-    let report = checker.report();
-    assert!(report.is_clean(), "{report:#?}");
-    assert_eq!(report.finished, report.published);
+    let transport = AmqpTransport::new(bed.config.clone()).unwrap();
+    partitions_spread_within_one_of_their_share(&bed, &transport).await;
     assert_eq!(bed.remaining().await.unwrap(), 0);
 }
 

@@ -7,12 +7,14 @@
 //! - [`probe`]: probe messages and the fault-injecting handler that records into the checker;
 //! - [`conformance`]: the suite every transport must pass, with a macro that makes each case a test;
 //! - [`memory`]: the memory transport's conformance target;
+//! - [`ownership`]: scenarios for transports whose members balance partitions themselves;
 //! - [`scenario`]: the benchmark scenario runner (load, latency histogram, order check, baseline);
 //! - [`script`]: a hand-driven subscription, for engine tests that play the transport.
 
 pub mod checker;
 pub mod conformance;
 pub mod memory;
+pub mod ownership;
 pub mod probe;
 pub mod scenario;
 pub mod script;
