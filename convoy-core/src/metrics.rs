@@ -17,7 +17,8 @@ pub const DEAD_LETTERED: &str = "convoy_dead_lettered_total";
 pub const DEAD_LETTER_SINK_FAILURES: &str = "convoy_dead_letter_sink_failures_total";
 /// Handler duration per attempt, seconds.
 pub const HANDLER_DURATION: &str = "convoy_handler_duration_seconds";
-/// Time from receipt to the first attempt, seconds (waiting behind the key's earlier messages).
+/// Time from receipt to the start of the first attempt, seconds (waiting behind the key's earlier
+/// messages, and for a handler call slot under `max_in_flight`).
 pub const QUEUE_TIME: &str = "convoy_queue_time_seconds";
 /// Lanes (active keys) alive now.
 pub const ACTIVE_LANES: &str = "convoy_active_lanes";

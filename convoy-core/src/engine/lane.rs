@@ -88,24 +88,73 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
     format!("handler panicked: {text}")
 }
 
-/// Handles one message to its end: handled, skipped as a duplicate, or dead-lettered
-/// (confirmed by the sink). Never returns before one of those is true, unless the sink fails
-/// fatally. Each attempt first takes one of `calls` (the shard's share of `max_in_flight`).
-pub(crate) async fn process(
-    ctx: Arc<LaneContext>,
-    stats: Arc<ShardStats>,
-    calls: Option<Arc<CallSlots>>,
+/// What the lane futures of one shard share: the engine's lane context, the shard's counters
+/// and its call slots. One per shard, so its reference count is touched by that shard alone
+/// (one `Arc` shared by every shard bounced between cores twice a message).
+pub(crate) struct ShardContext {
+    pub ctx: Arc<LaneContext>,
+    pub stats: Arc<ShardStats>,
+    /// This shard's share of `max_in_flight` handler calls, if limited.
+    pub calls: Option<CallSlots>,
+}
+
+/// What a lane future does with its message.
+pub(crate) struct Job {
+    pub shard: Arc<ShardContext>,
+    pub message: Arc<Message>,
+    pub task: Task,
+}
+
+pub(crate) enum Task {
+    /// Handle the message (see [`run`]).
+    Handle {
+        /// False for a message at an offset rewritten after a position reset (see `Work`).
+        check_duplicate: bool,
+        received: Instant,
+        /// The source's lease, when it is held by one: no attempt starts once it ran out.
+        lease: Option<Lease>,
+    },
+    /// Dead-letter it unhandled with this reason (a stuck message).
+    DeadLetter(Box<DeadLetterReason>),
+}
+
+/// Runs a job to its end. Handling a message ends handled, skipped as a duplicate, or
+/// dead-lettered (confirmed by the sink), unless the sink fails fatally. Each attempt first
+/// takes one of the shard's call slots (its share of `max_in_flight`).
+pub(crate) async fn run(job: Job) -> Outcome {
+    let Job { shard, message, task } = job;
+    match task {
+        Task::Handle {
+            check_duplicate,
+            received,
+            lease,
+        } => process(&shard, message, check_duplicate, received, lease.as_ref()).await,
+        Task::DeadLetter(reason) => {
+            dead_letter(
+                &shard.ctx,
+                &shard.stats,
+                &message,
+                *reason,
+                &mut fastrand::Rng::new(),
+            )
+            .await
+        }
+    }
+}
+
+async fn process(
+    shard: &ShardContext,
     message: Arc<Message>,
     check_duplicate: bool,
     received: Instant,
-    lease: Option<Lease>,
+    lease: Option<&Lease>,
 ) -> Outcome {
     let lane = Lane {
-        ctx: &ctx,
-        stats: &stats,
-        calls: calls.as_deref(),
+        ctx: &shard.ctx,
+        stats: &shard.stats,
+        calls: shard.calls.as_ref(),
         check_duplicate,
-        lease: lease.as_ref(),
+        lease,
     };
     // DEBUG, not INFO: an application's usual INFO subscriber must not format a span per message.
     let span = tracing::debug_span!(
@@ -158,7 +207,6 @@ impl Lane<'_> {
         if self.fenced() {
             return Outcome::Fenced;
         }
-        ctx.metrics.queue_time.record(received.elapsed().as_secs_f64());
         let event_id = ctx.idempotency.as_ref().map(|_| message.event_id());
         let check = |id: &EventId| self.check_duplicate || matches!(id, EventId::Header(_));
         if let (Some(store), Some(id)) = (&ctx.idempotency, &event_id) {
@@ -212,8 +260,7 @@ impl Lane<'_> {
     ) -> Result<Outcome, Failure> {
         let (ctx, stats) = (self.ctx, self.stats);
         span.record("attempt", attempt);
-        let started = Instant::now();
-        let result = {
+        let (result, started) = {
             let _call = match self.calls {
                 Some(calls) => Some(calls.acquire().await),
                 None => None,
@@ -222,7 +269,15 @@ impl Lane<'_> {
             if self.fenced() {
                 return Ok(Outcome::Fenced);
             }
-            attempt_once(ctx, Delivery::received_at(message.clone(), attempt, received)).await
+            // One clock read for both figures: queueing ends where the first attempt starts.
+            let started = Instant::now();
+            if attempt == 1 {
+                ctx.metrics
+                    .queue_time
+                    .record(started.saturating_duration_since(received).as_secs_f64());
+            }
+            let delivery = Delivery::received_at(message.clone(), attempt, received);
+            (attempt_once(ctx, delivery).await, started)
         };
         ctx.metrics
             .handler_duration

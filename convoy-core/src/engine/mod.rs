@@ -11,7 +11,9 @@ mod intake;
 mod lane;
 mod shard;
 mod slots;
+mod spares;
 mod stats;
+mod tasks;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,8 +24,9 @@ use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 pub use stats::StatsSnapshot;
 
 use self::intake::{Intake, IntakeParts};
-use self::lane::LaneContext;
-use self::shard::Shard;
+use self::lane::{LaneContext, ShardContext};
+use self::shard::{BatchSpares, Shard};
+use self::slots::CallSlots;
 use self::stats::EngineStats;
 use crate::config::{ConfigError, EngineConfig};
 use crate::dead_letter::DeadLetterSink;
@@ -174,16 +177,19 @@ impl Engine {
         let mut shard_tasks = JoinSet::new();
         let mut shards = Vec::with_capacity(shard_count);
         let mut shard_aborts = Vec::with_capacity(shard_count);
+        let spares = BatchSpares::new(shard_count);
         for (index, shard_stats) in stats.shards.iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
             shards.push(tx);
-            let shard = Shard::new(
-                rx,
-                reports_tx.clone(),
-                self.context.clone(),
-                shard_stats.clone(),
-                self.config.shard_in_flight(index, shard_count),
-            );
+            let context = ShardContext {
+                ctx: self.context.clone(),
+                stats: shard_stats.clone(),
+                calls: self
+                    .config
+                    .shard_in_flight(index, shard_count)
+                    .map(CallSlots::new),
+            };
+            let shard = Shard::new(rx, reports_tx.clone(), context, lane::run, spares.clone());
             shard_aborts.push(shard_tasks.spawn(shard.run()));
         }
         let intake = Intake::new(IntakeParts {
@@ -194,6 +200,7 @@ impl Engine {
             shard_tasks,
             stats: stats.clone(),
             signals: signals_rx,
+            spares,
         });
         EngineHandle {
             stopper: Stopper(Arc::new(signals)),

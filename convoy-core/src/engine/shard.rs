@@ -1,33 +1,29 @@
 //! A shard: one task owning many lanes (one FIFO per active key).
 //!
-//! At most one message of a lane is in flight; lanes of a shard run concurrently (their
-//! futures share one `FuturesUnordered`), shards run in parallel on the runtime's threads.
+//! At most one message of a lane is in flight; lanes of a shard run concurrently (the shard
+//! polls their futures itself: [`LaneTasks`]), shards run in parallel on the runtime's threads.
 //! A lane exists only while its key has work: it is removed as soon as its queue empties,
 //! so memory follows the active keys, never every key ever seen.
 //!
-//! Cancelling drops a lane future at once (the shard owns it) and then polls the shard's set
-//! until the emptied task left it, before anyone hears back: a cancelled handler is gone, not
-//! merely asleep, when its source is handed to another member.
+//! Cancelling drops a lane future at once (the shard owns it), before anyone hears back: a
+//! cancelled handler is gone, not merely asleep, when its source is handed to another member.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::BuildHasher;
-use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 
 use bytes::Bytes;
-use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, StreamExt};
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::lane::{self, LaneContext, Outcome};
-use super::slots::CallSlots;
-use super::stats::ShardStats;
+use super::lane::{self, Job, Outcome, ShardContext, Task};
+use super::spares::Spares;
+use super::tasks::{Ended, LaneTasks};
 use crate::message::Message;
 use crate::transport::{Lease, TransportError};
 use crate::watermark::Seq;
@@ -103,6 +99,23 @@ impl Work {
     }
 }
 
+/// Emptied batch buffers of both directions, shared by the intake and the shards.
+#[derive(Clone)]
+pub(crate) struct BatchSpares {
+    pub work: Spares<Work>,
+    pub completions: Spares<Completion>,
+}
+
+impl BatchSpares {
+    pub fn new(shards: usize) -> Self {
+        // A few per shard: the intake may route several batches before a shard runs.
+        BatchSpares {
+            work: Spares::new(4 * shards),
+            completions: Spares::new(4 * shards),
+        }
+    }
+}
+
 /// A finished message reported back to the intake for the watermark.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Completion {
@@ -165,7 +178,8 @@ pub(crate) enum ShardCommand {
 }
 
 struct InFlight {
-    ticket: u64,
+    /// Its future's number in the shard's [`LaneTasks`].
+    task: u32,
     slot: u32,
     epoch: u64,
     seq: Seq,
@@ -206,81 +220,34 @@ impl Lanes {
     }
 }
 
-/// A lane future's end; its lane is found by the hash and the ticket of its in-flight message.
-struct Finished {
-    hash: u64,
-    ticket: u64,
-    /// `None`: cancelled.
-    outcome: Option<Outcome>,
-}
-
-/// A lane future in the shard's set. The shard cancels it itself — drops the lane future and
-/// wakes the task, whose next poll ends it — so no abort handle (an allocation and two atomic
-/// references per message) is needed.
-struct Running {
-    hash: u64,
-    ticket: u64,
-    future: Option<Pin<Box<dyn Future<Output = Outcome> + Send>>>,
-    /// The waker of the last poll that returned pending, to wake the task on cancel.
-    waker: Option<Waker>,
-}
-
-impl Running {
-    fn cancel(&mut self) {
-        self.future = None;
-        if let Some(waker) = self.waker.take() {
-            waker.wake();
-        }
-    }
-}
-
-impl Future for Running {
-    type Output = Finished;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Finished> {
-        let this = self.get_mut();
-        let outcome = match this.future.as_mut() {
-            None => None,
-            Some(future) => match future.as_mut().poll(cx) {
-                Poll::Ready(outcome) => Some(outcome),
-                Poll::Pending => {
-                    if !this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                        this.waker = Some(cx.waker().clone());
-                    }
-                    return Poll::Pending;
-                }
-            },
-        };
-        this.future = None;
-        Poll::Ready(Finished {
-            hash: this.hash,
-            ticket: this.ticket,
-            outcome,
-        })
-    }
-}
-
 /// Completions are sent in batches of at most this many.
 const FLUSH_AT: usize = 1024;
 
-pub(crate) struct Shard {
+/// Rounds of polling a shard runs before it yields to the runtime (whose cooperative budget
+/// its lane futures share: once spent, they are woken at once without progress until it does).
+const ROUNDS_BEFORE_YIELD: usize = 16;
+
+pub(crate) struct Shard<F> {
     commands: mpsc::UnboundedReceiver<ShardCommand>,
     reports: mpsc::UnboundedSender<ShardReport>,
     lanes: Lanes,
-    launcher: Launcher,
+    launcher: Launcher<F>,
     pending: Vec<Completion>,
-    /// Aborted lane futures not yet dropped.
-    aborting: usize,
+    /// Emptied buffers, shared with the intake.
+    spares: BatchSpares,
+    /// Lane futures that ended, to be handled (kept to reuse its allocation).
+    ended: Vec<Ended<Outcome>>,
+    /// Lanes made for stuck messages so far (names the next one).
+    detached: u64,
 }
 
 /// Starts lane futures; kept apart from the lane map so both can be borrowed at once.
-struct Launcher {
-    running: FuturesUnordered<Running>,
-    ctx: Arc<LaneContext>,
-    stats: Arc<ShardStats>,
-    /// This shard's share of `max_in_flight` handler calls, if limited.
-    calls: Option<Arc<CallSlots>>,
-    next_ticket: u64,
+struct Launcher<F> {
+    tasks: LaneTasks<F>,
+    /// Makes a job's future (`lane::run`: a function, so the future's type is known and it is
+    /// kept inline in its slot, not boxed).
+    make: fn(Job) -> F,
+    shard: Arc<ShardContext>,
 }
 
 /// How a lane future is identified in the shard.
@@ -292,18 +259,9 @@ struct Launch {
     weight: usize,
 }
 
-impl Launcher {
+impl<F: Future<Output = Outcome>> Launcher<F> {
     /// Starts `work` as the in-flight message of its lane.
     fn start(&mut self, work: Work) -> InFlight {
-        let message = Arc::new(work.message);
-        let (ctx, stats, calls, lane_message) = (
-            self.ctx.clone(),
-            self.stats.clone(),
-            self.calls.clone(),
-            message.clone(),
-        );
-        let (check_duplicate, received, lease) = (work.check_duplicate, work.received, work.lease);
-        let future = move || lane::process(ctx, stats, calls, lane_message, check_duplicate, received, lease);
         let launch = Launch {
             hash: work.hash,
             slot: work.slot,
@@ -311,106 +269,91 @@ impl Launcher {
             seq: work.seq,
             weight: work.weight,
         };
-        self.launch(launch, message, future)
+        let task = Task::Handle {
+            check_duplicate: work.check_duplicate,
+            received: work.received,
+            lease: work.lease,
+        };
+        self.launch(launch, Arc::new(work.message), task)
     }
 
-    /// Starts the future `make` returns. It is made inside the boxed task, where it runs: a
-    /// lane future is about a kilobyte, and building it outside would copy it at every move
-    /// into place (measured: ~6 % of the engine's instructions per message).
-    fn launch<F>(
-        &mut self,
-        launch: Launch,
-        message: Arc<Message>,
-        make: impl FnOnce() -> F + Send + 'static,
-    ) -> InFlight
-    where
-        F: Future<Output = Outcome> + Send + 'static,
-    {
-        let Launch {
-            hash,
-            slot,
-            epoch,
-            seq,
-            weight,
-        } = launch;
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
-        self.running.push(Running {
-            hash,
-            ticket,
-            future: Some(Box::pin(async move { make().await })),
-            waker: None,
-        });
+    /// Starts `task` for `message` as the in-flight job of the lane of `launch.hash`.
+    fn launch(&mut self, launch: Launch, message: Arc<Message>, task: Task) -> InFlight {
+        let job = Job {
+            shard: self.shard.clone(),
+            message: message.clone(),
+            task,
+        };
+        let task = self.tasks.start(launch.hash, (self.make)(job));
         InFlight {
-            ticket,
-            slot,
-            epoch,
-            seq,
-            weight,
+            task,
+            slot: launch.slot,
+            epoch: launch.epoch,
+            seq: launch.seq,
+            weight: launch.weight,
             message,
-        }
-    }
-
-    /// Cancels the lane futures of `tickets` (their tasks end at their next poll).
-    fn cancel(&mut self, tickets: &[u64]) {
-        for running in self.running.iter_mut() {
-            if tickets.contains(&running.ticket) {
-                running.cancel();
-            }
         }
     }
 }
 
-impl Shard {
+impl<F: Future<Output = Outcome>> Shard<F> {
     pub fn new(
         commands: mpsc::UnboundedReceiver<ShardCommand>,
         reports: mpsc::UnboundedSender<ShardReport>,
-        ctx: Arc<LaneContext>,
-        stats: Arc<ShardStats>,
-        max_calls: Option<usize>,
+        shard: ShardContext,
+        make: fn(Job) -> F,
+        spares: BatchSpares,
     ) -> Self {
         Shard {
             commands,
             reports,
             lanes: Lanes::default(),
             launcher: Launcher {
-                running: FuturesUnordered::new(),
-                ctx,
-                stats,
-                calls: max_calls.map(|n| Arc::new(CallSlots::new(n))),
-                next_ticket: 0,
+                tasks: LaneTasks::new(),
+                make,
+                shard: Arc::new(shard),
             },
             pending: Vec::new(),
-            aborting: 0,
+            spares,
+            ended: Vec::new(),
+            detached: 0,
         }
     }
 
     /// Runs until the intake drops its command sender.
     pub async fn run(mut self) {
         loop {
-            tokio::select! {
-                biased;
-                Some(finished) = self.launcher.running.next(), if !self.launcher.running.is_empty() => {
-                    self.on_finished(finished);
+            let next = std::future::poll_fn(|cx| {
+                if self.launcher.tasks.poll_ready(cx).is_ready() {
+                    return Poll::Ready(Some(None));
                 }
-                command = self.commands.recv() => match command {
-                    Some(command) => self.on_command(command),
-                    None => break,
-                },
+                self.commands.poll_recv(cx).map(|c| c.map(Some))
+            })
+            .await;
+            match next {
+                None => break,
+                Some(Some(command)) => self.on_command(command),
+                Some(None) => {}
             }
             // Take everything already ready before reporting, so completions travel in batches.
+            let mut rounds = 0;
             loop {
                 let mut progressed = false;
                 while let Ok(command) = self.commands.try_recv() {
                     self.on_command(command);
                     progressed = true;
                 }
-                while let Some(Some(finished)) = self.launcher.running.next().now_or_never() {
-                    self.on_finished(finished);
-                    progressed = true;
-                }
+                let mut ended = std::mem::take(&mut self.ended);
+                progressed |= self.launcher.tasks.poll_round(&mut ended);
+                self.finish(&mut ended);
                 if !progressed {
                     break;
+                }
+                rounds += 1;
+                if rounds == ROUNDS_BEFORE_YIELD {
+                    self.flush();
+                    tokio::task::yield_now().await;
+                    rounds = 0;
                 }
             }
             self.flush();
@@ -418,56 +361,60 @@ impl Shard {
         self.flush();
     }
 
-    fn flush(&mut self) {
-        self.launcher.stats.lanes.store(self.lanes.0.len(), Relaxed);
-        if !self.pending.is_empty() {
-            // The intake is gone only when the engine is shutting down; nothing to report then.
-            let _ = self
-                .reports
-                .send(ShardReport::Completions(std::mem::take(&mut self.pending)));
+    /// Handles the lane futures in `ended`, then polls the ones that started meanwhile (the
+    /// next messages of their lanes), until none is left; keeps `ended`'s allocation.
+    fn finish(&mut self, ended: &mut Vec<Ended<Outcome>>) {
+        loop {
+            for end in ended.drain(..) {
+                self.on_finished(end);
+            }
+            if !self.launcher.tasks.poll_fresh(ended) {
+                break;
+            }
+        }
+        self.ended = std::mem::take(ended);
+    }
+
+    /// Polls the lane futures started since the last poll right away: a message whose handler
+    /// does not wait is done before the next is taken, and what it allocated is freed while
+    /// it is still in the allocator's per-thread cache.
+    fn settle(&mut self) {
+        let mut ended = std::mem::take(&mut self.ended);
+        if self.launcher.tasks.poll_fresh(&mut ended) {
+            self.finish(&mut ended);
+        } else {
+            self.ended = ended;
         }
     }
 
-    /// Polls the shard's set until every cancelled task returned and left it (their lane
-    /// futures were dropped when cancelled). A cancelled task is woken by its cancel, so each
-    /// round reaches it; `FuturesUnordered` may yield before it polled everything ready (it
-    /// does after two futures yield, as lanes waiting out a sub-millisecond backoff do), which
-    /// is why this loops on the count, not on readiness.
-    fn reap_aborted(&mut self) {
-        while self.aborting > 0 {
-            match self.launcher.running.next().now_or_never() {
-                Some(Some(finished)) => self.on_finished(finished),
-                Some(None) => {
-                    tracing::error!(
-                        aborting = self.aborting,
-                        "aborted lane futures vanished without finishing"
-                    );
-                    self.aborting = 0;
-                }
-                None => {} // it yielded with work left: poll again
-            }
+    fn flush(&mut self) {
+        self.launcher.shard.stats.lanes.store(self.lanes.0.len(), Relaxed);
+        if !self.pending.is_empty() {
+            // The intake is gone only when the engine is shutting down; nothing to report then.
+            let batch = std::mem::replace(&mut self.pending, self.spares.completions.take());
+            let _ = self.reports.send(ShardReport::Completions(batch));
         }
     }
 
     fn on_command(&mut self, command: ShardCommand) {
         match command {
-            ShardCommand::Work(batch) => {
-                for work in batch {
+            ShardCommand::Work(mut batch) => {
+                for work in batch.drain(..) {
                     self.enqueue(work);
+                    self.settle();
                 }
+                self.spares.work.keep(batch);
             }
             ShardCommand::DropQueued { epochs, reply } => {
                 let _ = reply.send(self.drop_queued(&epochs));
             }
             ShardCommand::Cancel { epochs, reply } => {
+                // Dropped here: no handler of a cancelled message is alive when the intake hears back.
                 self.cancel(&epochs);
-                // No handler of a cancelled message may still be alive when the intake hears back.
-                self.reap_aborted();
                 let _ = reply.send(());
             }
             ShardCommand::Stuck { epoch, seq, waited } => {
                 self.stuck(epoch, seq, waited);
-                self.reap_aborted();
             }
         }
     }
@@ -495,13 +442,8 @@ impl Shard {
         }
     }
 
-    fn on_finished(&mut self, finished: Finished) {
-        let Some(outcome) = finished.outcome else {
-            // Whoever cancelled it already moved the lane on; its task is gone now.
-            self.aborting = self.aborting.saturating_sub(1);
-            return;
-        };
-        let finished_it = match outcome {
+    fn on_finished(&mut self, end: Ended<Outcome>) {
+        let finished_it = match end.output {
             Outcome::Fatal(error) => {
                 // The lane stays blocked: the engine stops on this report.
                 let _ = self.reports.send(ShardReport::Fatal(error));
@@ -513,12 +455,11 @@ impl Shard {
             Outcome::Handled | Outcome::Duplicate | Outcome::DeadLettered => true,
         };
         // One lookup per finished message: complete it, then start the next or drop the lane.
-        // No lane has it in flight: a stale finish (the message was cancelled and replaced).
-        let (hash, ticket) = (finished.hash, finished.ticket);
+        let (hash, task) = (end.tag, end.number);
         let Ok(mut entry) = self
             .lanes
             .0
-            .find_entry(hash, |l| l.busy.as_ref().is_some_and(|b| b.ticket == ticket))
+            .find_entry(hash, |l| l.busy.as_ref().is_some_and(|b| b.task == task))
         else {
             return;
         };
@@ -584,15 +525,10 @@ impl Shard {
             .filter(|lane| lane.busy.as_ref().is_some_and(|b| epochs.contains(b.epoch)))
             .map(|lane| (lane.key.clone(), lane.hash))
             .collect();
-        let mut tickets = Vec::with_capacity(victims.len());
-        for (key, hash) in &victims {
-            if let Some(busy) = self.lanes.get_mut(key, *hash).and_then(|lane| lane.busy.take()) {
-                tickets.push(busy.ticket);
-                self.aborting += 1;
-            }
-        }
-        self.launcher.cancel(&tickets);
         for (key, hash) in victims {
+            if let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|lane| lane.busy.take()) {
+                self.launcher.tasks.cancel(busy.task);
+            }
             self.advance(&key, hash);
         }
     }
@@ -608,8 +544,7 @@ impl Shard {
             let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|l| l.busy.take()) else {
                 return;
             };
-            self.launcher.cancel(&[busy.ticket]);
-            self.aborting += 1;
+            self.launcher.tasks.cancel(busy.task);
             (key, hash, busy.slot, busy.weight, busy.message)
         } else {
             // Queued behind another message of its key: take it out and give it a lane of its own.
@@ -623,18 +558,13 @@ impl Shard {
             let Some(work) = found else {
                 return; // finished meanwhile
             };
-            let key = LaneKey::Detached(self.launcher.next_ticket);
+            self.detached += 1;
+            let key = LaneKey::Detached(self.detached);
             let hash = foldhash::fast::FixedState::default().hash_one(&key);
             (key, hash, work.slot, work.weight, Arc::new(work.message))
         };
         tracing::error!(source = %message.source, offset = message.offset, ?waited, "message stuck past the stuck timeout; cancelling and dead-lettering it");
-        let ctx = self.launcher.ctx.clone();
-        let stats = self.launcher.stats.clone();
-        let reason = lane::stuck_reason(&ctx, waited);
-        let dl_message = message.clone();
-        let future = move || async move {
-            lane::dead_letter(&ctx, &stats, &dl_message, reason, &mut fastrand::Rng::new()).await
-        };
+        let reason = lane::stuck_reason(&self.launcher.shard.ctx, waited);
         let launch = Launch {
             hash,
             slot,
@@ -642,7 +572,9 @@ impl Shard {
             seq,
             weight,
         };
-        let in_flight = self.launcher.launch(launch, message, future);
+        let in_flight = self
+            .launcher
+            .launch(launch, message, Task::DeadLetter(Box::new(reason)));
         match self.lanes.entry(&key, hash) {
             Entry::Occupied(mut entry) => entry.get_mut().busy = Some(in_flight),
             Entry::Vacant(entry) => {

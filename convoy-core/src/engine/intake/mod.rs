@@ -31,7 +31,7 @@ use self::commit::Committer;
 use self::revoke::PendingRevoke;
 use self::source::SourceState;
 use self::stop::Stopping;
-use super::shard::{Epochs, ShardCommand, ShardReport, Work};
+use super::shard::{BatchSpares, Epochs, ShardCommand, ShardReport, Work};
 use super::stats::EngineStats;
 use super::{EngineError, EngineReport};
 use crate::backpressure::Gate;
@@ -90,6 +90,8 @@ pub(crate) struct Intake {
     last_lag_probe: Instant,
     shard_hasher: foldhash::fast::FixedState,
     routes: Vec<Vec<Work>>,
+    /// Emptied batch buffers, shared with the shards.
+    spares: BatchSpares,
     stats: Arc<EngineStats>,
     metrics: IntakeMetrics,
     signals: watch::Receiver<u8>,
@@ -104,6 +106,7 @@ pub(crate) struct IntakeParts {
     pub shard_tasks: JoinSet<()>,
     pub stats: Arc<EngineStats>,
     pub signals: watch::Receiver<u8>,
+    pub spares: BatchSpares,
 }
 
 /// What one turn of the loop saw.
@@ -150,6 +153,7 @@ impl Intake {
             last_lag_probe: Instant::now(),
             shard_hasher: foldhash::fast::FixedState::with_seed(SHARD_SALT),
             routes: (0..shard_count).map(|_| Vec::new()).collect(),
+            spares: parts.spares,
             stats: parts.stats,
             signals: parts.signals,
             signals_open: true,

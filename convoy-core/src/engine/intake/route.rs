@@ -109,7 +109,7 @@ impl Intake {
         self.metrics.consumed.increment(routed as u64);
         for (shard, route) in self.routes.iter_mut().enumerate() {
             if !route.is_empty() {
-                let batch = std::mem::take(route);
+                let batch = std::mem::replace(route, self.spares.work.take());
                 // A shard only stops when the intake drops it; a dead one is noticed by the
                 // supervision in the main loop, which stops the engine.
                 let _ = self.shards[shard].send(ShardCommand::Work(batch));

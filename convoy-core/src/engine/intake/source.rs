@@ -176,11 +176,11 @@ impl Intake {
         self.cancel(Epochs::Some(epochs)).await;
     }
 
-    pub(super) fn on_completions(&mut self, batch: Vec<Completion>) {
+    pub(super) fn on_completions(&mut self, mut batch: Vec<Completion>) {
         let mut finished = 0usize;
         let mut weight = 0usize;
         let wants_above = self.wants_above;
-        for c in batch {
+        for c in batch.drain(..) {
             let Some(state) = self.sources.get_mut(c.slot as usize).and_then(Option::as_mut) else {
                 continue;
             };
@@ -203,6 +203,7 @@ impl Intake {
             finished += 1;
             weight += c.weight as usize;
         }
+        self.spares.completions.keep(batch);
         self.held_total = self.held_total.saturating_sub(finished);
         self.held_bytes = self.held_bytes.saturating_sub(weight);
         self.finished_since_commit += finished;
