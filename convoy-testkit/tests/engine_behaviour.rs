@@ -710,3 +710,36 @@ async fn a_traceparent_header_is_carried_to_the_handler() {
     engine.stop().await.unwrap();
     assert_eq!(got.lock().unwrap().unwrap().trace_id, parent.trace_id);
 }
+
+/// Lanes whose handlers wait on timers that all fire at once (a paused clock): their futures
+/// end in one round, and the slots they free are taken by the next messages of their lanes
+/// before the rest of the round is handled. Each end must complete its own lane — not another
+/// lane now running in the reused slot — or that lane's next message overtakes this one.
+///
+/// A lane lookup by hash is offered every lane of its table group whose hash shares seven tag
+/// bits (1 in 128), so the case needs lanes that collide: one shard with 12 lanes (one group),
+/// and 24 different sets of keys, so that some set holds a colliding pair (each set does with
+/// a chance of 40 %: all 24 miss with a chance below 1 in 100,000).
+#[tokio::test(start_paused = true)]
+async fn lane_futures_ending_together_complete_their_own_lanes() {
+    for set in 0..24 {
+        let (_broker, bed) = bed(4);
+        let checker = Arc::new(OrderChecker::new());
+        let plan = FaultPlan {
+            latency: convoy_testkit::Latency::Fixed(Duration::from_millis(1)),
+            ..FaultPlan::default()
+        };
+        let handler = ProbeHandler::with_faults(checker.clone(), plan);
+        publish_load(bed.publisher().as_ref(), &checker, &format!("set{set}-"), 12, 100)
+            .await
+            .unwrap();
+        let mut config = test_config(bed.group());
+        config.shards = 1;
+        let engine = run(&bed, handler, config, sink(&bed, &checker)).await;
+        wait_until("every message", || checker.complete()).await;
+        engine.stop().await.unwrap();
+        let report = checker.report();
+        assert!(report.is_clean(), "key set {set}: {report:?}");
+        assert_eq!(report.finished, 1_200);
+    }
+}

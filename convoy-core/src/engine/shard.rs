@@ -459,7 +459,11 @@ impl<F: Future<Output = Outcome>> Shard<F> {
         let Ok(mut entry) = self
             .lanes
             .0
-            .find_entry(hash, |l| l.busy.as_ref().is_some_and(|b| b.task == task))
+            // The full hash too: a table probe also offers lanes of other hashes, and slot
+            // numbers are reused, so another lane may run a future in the same slot by now.
+            .find_entry(hash, |l| {
+                l.hash == hash && l.busy.as_ref().is_some_and(|b| b.task == task)
+            })
         else {
             return;
         };
