@@ -1,6 +1,7 @@
 //! The message model every transport translates into: a keyed payload with headers,
 //! positioned at an offset in a source.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -54,14 +55,36 @@ impl fmt::Debug for SourceId {
     }
 }
 
+/// Header names convoy itself writes. A received header of one of these names shares the
+/// static name instead of a copy ([`Headers::append_copied`]): one allocation less per header
+/// of every message a transport converts.
+const KNOWN_NAMES: &[&str] = &[
+    EVENT_ID_HEADER,
+    crate::trace_context::TRACEPARENT,
+    crate::dead_letter::DL_CAUSE,
+    crate::dead_letter::DL_ERROR_CLASS,
+    crate::dead_letter::DL_ERROR,
+    crate::dead_letter::DL_ATTEMPTS,
+    crate::dead_letter::DL_FIRST_FAILURE_MS,
+    crate::dead_letter::DL_LAST_FAILURE_MS,
+    crate::dead_letter::DL_SOURCE,
+    crate::dead_letter::DL_OFFSET,
+    crate::dead_letter::DL_GROUP,
+];
+
 /// Ordered message headers; names may repeat, `get` returns the last value of a name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Headers(Vec<(String, Bytes)>);
+pub struct Headers(Vec<(Cow<'static, str>, Bytes)>);
 
 impl Headers {
     /// Empty headers (no allocation).
     pub const fn new() -> Self {
         Headers(Vec::new())
+    }
+
+    /// Empty headers with room for `n` entries.
+    pub fn with_capacity(n: usize) -> Self {
+        Headers(Vec::with_capacity(n))
     }
 
     /// The last value of `name`, if any.
@@ -78,17 +101,28 @@ impl Headers {
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<Bytes>) {
         let name = name.into();
         self.0.retain(|(n, _)| *n != name);
-        self.0.push((name, value.into()));
+        self.0.push((Cow::Owned(name), value.into()));
     }
 
     /// Appends a value without removing earlier ones.
     pub fn append(&mut self, name: impl Into<String>, value: impl Into<Bytes>) {
-        self.0.push((name.into(), value.into()));
+        self.0.push((Cow::Owned(name.into()), value.into()));
+    }
+
+    /// Appends a value under a copy of `name`, without removing earlier ones; the names
+    /// convoy itself writes (event id, trace context, dead-letter reasons) are shared, not
+    /// copied. For transports converting the headers of every received message.
+    pub fn append_copied(&mut self, name: &str, value: impl Into<Bytes>) {
+        let name = match KNOWN_NAMES.iter().find(|known| **known == name) {
+            Some(known) => Cow::Borrowed(*known),
+            None => Cow::Owned(name.to_owned()),
+        };
+        self.0.push((name, value.into()));
     }
 
     /// Iterates over `(name, value)` pairs in order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Bytes)> {
-        self.0.iter().map(|(n, v)| (n.as_str(), v))
+        self.0.iter().map(|(n, v)| (n.as_ref(), v))
     }
 
     /// Number of header entries.
@@ -104,7 +138,11 @@ impl Headers {
 
 impl<N: Into<String>, V: Into<Bytes>> FromIterator<(N, V)> for Headers {
     fn from_iter<I: IntoIterator<Item = (N, V)>>(iter: I) -> Self {
-        Headers(iter.into_iter().map(|(n, v)| (n.into(), v.into())).collect())
+        Headers(
+            iter.into_iter()
+                .map(|(n, v)| (Cow::Owned(n.into()), v.into()))
+                .collect(),
+        )
     }
 }
 
@@ -274,5 +312,19 @@ mod tests {
         h.insert("a", "3");
         assert_eq!(h.len(), 1);
         assert_eq!(h.get_str("a"), Some("3"));
+    }
+
+    #[test]
+    fn copied_names_equal_owned_ones_whether_shared_or_not() {
+        let mut copied = Headers::new();
+        copied.append_copied(EVENT_ID_HEADER, "e");
+        copied.append_copied("x-custom", "c");
+        assert!(
+            matches!(copied.0[0].0, Cow::Borrowed(_)),
+            "convoy's own name is shared"
+        );
+        let owned: Headers = [(EVENT_ID_HEADER, "e"), ("x-custom", "c")].into_iter().collect();
+        assert_eq!(copied, owned);
+        assert_eq!(copied.get_str("x-custom"), Some("c"));
     }
 }

@@ -16,38 +16,47 @@ pub fn topic_partition(source: &SourceId) -> Option<(&str, i32)> {
     Some((topic, partition.parse().ok()?))
 }
 
+/// Headers of a record read into a stack array; more than this many take a vector.
+const INLINE_HEADERS: usize = 8;
+
 /// Copies a fetched record into a convoy message: key, payload and header values share one
 /// allocation (a record outlives its fetch buffer only as long as its message lives).
 pub fn to_message(record: &BorrowedMessage<'_>, source: &SourceId) -> Message {
     let key = record.key().unwrap_or_default();
     let payload = record.payload().unwrap_or_default();
-    let headers = record.headers();
-    let header_bytes: usize = headers.map_or(0, |hs| hs.iter().map(|h| h.value.map_or(0, <[u8]>::len)).sum());
+    // Each header read validates its name (librdkafka hands out C strings): read them once.
+    let mut inline = [("", &[][..]); INLINE_HEADERS];
+    let mut more = Vec::new();
+    let mut count = 0;
+    if let Some(hs) = record.headers() {
+        for h in hs.iter() {
+            let pair = (h.key, h.value.unwrap_or_default());
+            match inline.get_mut(count) {
+                Some(slot) => *slot = pair,
+                None => more.push(pair),
+            }
+            count += 1;
+        }
+    }
+    let pairs = || inline[..count.min(INLINE_HEADERS)].iter().chain(&more);
+    let header_bytes: usize = pairs().map(|(_, v)| v.len()).sum();
+    // One buffer for key, payload and header values; the parts are slices of it.
     let mut buf = BytesMut::with_capacity(key.len() + payload.len() + header_bytes);
     buf.extend_from_slice(key);
     buf.extend_from_slice(payload);
-    let values_at = buf.len();
-    if let Some(hs) = headers {
-        for h in hs.iter() {
-            buf.extend_from_slice(h.value.unwrap_or_default());
-        }
+    for (_, value) in pairs() {
+        buf.extend_from_slice(value);
     }
     let buf = buf.freeze();
-    let mut at = values_at;
-    let headers = headers
-        .map(|hs| {
-            hs.iter()
-                .map(|h| {
-                    let len = h.value.map_or(0, <[u8]>::len);
-                    at += len;
-                    (h.key.to_owned(), buf.slice(at - len..at))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut headers = Headers::with_capacity(count);
+    let mut at = key.len() + payload.len();
+    for (name, value) in pairs() {
+        headers.append_copied(name, buf.slice(at..at + value.len()));
+        at += value.len();
+    }
     Message {
         key: record.key().map(|_| buf.slice(..key.len())),
-        payload: buf.slice(key.len()..values_at),
+        payload: buf.slice(key.len()..key.len() + payload.len()),
         headers,
         source: source.clone(),
         offset: record.offset().max(0) as u64,
