@@ -9,7 +9,7 @@ use convoy::{
     unique_suffix, ConnectError, Connection, DeadLetterSink, PrefetchLimit, Publisher, Subscription,
     Transport, TransportError,
 };
-use convoy_testkit::scenario::ScenarioBed;
+use convoy_testkit::scenario::{RecordCheck, ScenarioBed};
 
 /// A benchmark topic on a connection's broker (fresh, or filled beforehand), with a group and a
 /// dead-letter topic of its own.
@@ -107,9 +107,14 @@ impl ScenarioBed for ConnectionBed {
         self.connection.subscribe_with(limit).await
     }
 
-    async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError> {
+    async fn bare_drain(
+        &self,
+        expected: u64,
+        limit: Duration,
+        check: RecordCheck,
+    ) -> Result<f64, TransportError> {
         self.connection
-            .bare_drain(&self.topic, expected, limit)
+            .bare_drain(&self.topic, expected, limit, check)
             .await
             .map_err(|e| match e {
                 ConnectError::Transport(t) => t,

@@ -21,7 +21,7 @@ use convoy_core::{
 use convoy_kafka::{admin, baseline, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::probe::{unix_micros, Latency};
 use convoy_testkit::scenario::{
-    bench_main, prefill, run, seed_retry, Load, Scenario, ScenarioBed, ScenarioReport,
+    bench_main, prefill, run, seed_retry, Load, RecordCheck, Scenario, ScenarioBed, ScenarioReport,
 };
 use convoy_testkit::OrderChecker;
 
@@ -180,8 +180,16 @@ impl ScenarioBed for KafkaBed {
             .await
     }
 
-    async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError> {
-        baseline::bare_drain(&self.config, &self.topic, expected, limit).await
+    async fn bare_drain(
+        &self,
+        expected: u64,
+        limit: Duration,
+        check: RecordCheck,
+    ) -> Result<f64, TransportError> {
+        baseline::bare_drain(&self.config, &self.topic, expected, limit, move |k, p| {
+            check(k, p)
+        })
+        .await
     }
 }
 

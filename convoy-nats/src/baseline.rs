@@ -11,17 +11,21 @@ use futures_util::stream::{SelectAll, StreamExt};
 
 use crate::config::NatsConfig;
 use crate::connect::connect;
+use crate::convert::KEY_HEADER;
 use crate::error::nats_error;
 use crate::topology;
 
-/// Drains `expected` messages of `topic` (or fewer once `limit` passed), `batch` per pull, and
-/// returns the rate in messages per second, timed from the first message.
+/// Drains `expected` messages of `topic` (or fewer once `limit` passed), `batch` per pull,
+/// calling `check` with each message's key and payload (the benchmark's own per-message work,
+/// which the engine's side pays too), and returns the rate in messages per second, timed from
+/// the first message.
 pub async fn bare_drain(
     config: &NatsConfig,
     topic: &str,
     batch: usize,
     expected: u64,
     limit: Duration,
+    check: impl Fn(&[u8], &[u8]),
 ) -> Result<f64, TransportError> {
     let connected = connect(config, "baseline").await?;
     let stream = connected
@@ -52,17 +56,22 @@ pub async fn bare_drain(
     }
     let deadline = tokio::time::Instant::now() + limit;
     let mut started = None;
-    let (mut seen, mut sum) = (0u64, 0u64);
+    let mut seen = 0u64;
     while seen < expected {
         let Ok(Some(message)) = tokio::time::timeout_at(deadline, all.next()).await else {
             break;
         };
         let message = message.map_err(|e| nats_error("baseline consume", e))?;
         started.get_or_insert_with(Instant::now);
-        sum = sum.wrapping_add(message.payload.len() as u64);
+        // The key travels in a header, as convoy's publishers send it.
+        let key = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(KEY_HEADER))
+            .map_or(&b""[..], |v| v.as_str().as_bytes());
+        check(key, &message.payload);
         seen += 1;
     }
-    std::hint::black_box(sum);
     let elapsed = started.map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64());
     Ok(seen as f64 / elapsed)
 }

@@ -14,7 +14,7 @@ use convoy_memory::baseline::bare_drain_rate;
 use convoy_memory::{MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
 
 use crate::conformance::{Capabilities, ConformanceTarget, TestBed};
-use crate::scenario::{Progress, Scenario, ScenarioBed, ScenarioReport};
+use crate::scenario::{Progress, RecordCheck, Scenario, ScenarioBed, ScenarioReport};
 
 /// Largest batch the memory broker hands out per partition in conformance runs.
 const CONFORMANCE_BATCH: usize = 32;
@@ -129,8 +129,13 @@ impl ScenarioBed for MemoryBed {
         self.transport.subscribe_with(limit).await
     }
 
-    async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError> {
-        Ok(bare_drain_rate(&self.broker, &self.topic, expected, limit).await)
+    async fn bare_drain(
+        &self,
+        expected: u64,
+        limit: Duration,
+        check: RecordCheck,
+    ) -> Result<f64, TransportError> {
+        Ok(bare_drain_rate(&self.broker, &self.topic, expected, limit, |k, p| check(k, p)).await)
     }
 }
 

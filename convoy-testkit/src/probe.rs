@@ -206,8 +206,9 @@ pub struct ProbeHandler {
     calls: AtomicU64,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
-    calls_by_message: Mutex<Option<std::collections::HashMap<(Bytes, u64), u32>>>,
-    offsets: Mutex<Option<Vec<(SourceId, Offset)>>>,
+    /// Only when asked for: a lock per message is the benchmark's cost, not the engine's.
+    calls_by_message: Option<Mutex<std::collections::HashMap<(Bytes, u64), u32>>>,
+    offsets: Option<Mutex<Vec<(SourceId, Offset)>>>,
 }
 
 struct InFlight<'a>(&'a AtomicUsize);
@@ -232,20 +233,20 @@ impl ProbeHandler {
             calls: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
-            calls_by_message: Mutex::new(None),
-            offsets: Mutex::new(None),
+            calls_by_message: None,
+            offsets: None,
         }
     }
 
     /// Also counts calls per (key, seq), for [`calls_for`](Self::calls_for).
-    pub fn counting_calls(self) -> Self {
-        *self.calls_by_message.lock().unwrap_or_else(|p| p.into_inner()) = Some(Default::default());
+    pub fn counting_calls(mut self) -> Self {
+        self.calls_by_message = Some(Mutex::default());
         self
     }
 
     /// Also records the (source, offset) of every message it handled successfully.
-    pub fn recording_offsets(self) -> Self {
-        *self.offsets.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+    pub fn recording_offsets(mut self) -> Self {
+        self.offsets = Some(Mutex::default());
         self
     }
 
@@ -253,9 +254,8 @@ impl ProbeHandler {
     /// (needs [`recording_offsets`](Self::recording_offsets)).
     pub fn handled_offsets(&self) -> Vec<(SourceId, Offset)> {
         self.offsets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .as_ref()
+            .map(|o| o.lock().unwrap_or_else(|p| p.into_inner()).clone())
             .unwrap_or_default()
     }
 
@@ -272,10 +272,11 @@ impl ProbeHandler {
     /// Calls made for one message (needs [`counting_calls`](Self::counting_calls)).
     pub fn calls_for(&self, key: &[u8], seq: u64) -> u32 {
         self.calls_by_message
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .and_then(|m| m.get(&(Bytes::copy_from_slice(key), seq)).copied())
+            .and_then(|m| {
+                let m = m.lock().unwrap_or_else(|p| p.into_inner());
+                m.get(&(Bytes::copy_from_slice(key), seq)).copied()
+            })
             .unwrap_or(0)
     }
 }
@@ -287,12 +288,8 @@ impl Handler for ProbeHandler {
         let key = delivery.key().cloned().unwrap_or_default();
         let seq = decode_seq(delivery.payload())
             .ok_or_else(|| HandlerError::malformed("payload is not a probe sequence number"))?;
-        if let Some(counts) = self
-            .calls_by_message
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
+        if let Some(counts) = &self.calls_by_message {
+            let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
             *counts.entry((key.clone(), seq)).or_default() += 1;
         }
         if delivery.attempt() == 1 {
@@ -340,7 +337,8 @@ impl Handler for ProbeHandler {
                 delivery.attempt()
             )));
         }
-        if let Some(offsets) = self.offsets.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        if let Some(offsets) = &self.offsets {
+            let mut offsets = offsets.lock().unwrap_or_else(|p| p.into_inner());
             offsets.push((delivery.source().clone(), delivery.offset()));
         }
         self.checker.handled(&key, seq, Some(latency(&delivery)));

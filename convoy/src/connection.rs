@@ -12,6 +12,10 @@ use crate::backend::{self, Backend};
 use crate::error::ConnectError;
 use crate::settings::{ConnectConfig, Endpoint};
 
+/// What a benchmark baseline does with each message it reads (key, payload): the benchmark's
+/// own bookkeeping, which the engine's side pays for in its handler too.
+pub type RecordCheck = Arc<dyn Fn(&[u8], &[u8]) + Send + Sync>;
+
 /// Connects to the broker `url` names (see [`ConnectConfig`] for the URL's parameters).
 ///
 /// ```no_run
@@ -271,17 +275,25 @@ impl Connection {
     }
 
     /// The benchmark baseline: a bare client of the broker drains `expected` messages of
-    /// `topic` (own group, no engine); returns messages per second.
-    pub async fn bare_drain(&self, topic: &str, expected: u64, limit: Duration) -> Result<f64, ConnectError> {
+    /// `topic` (own group, no engine), calling `check` with each message's key and payload;
+    /// returns messages per second.
+    pub async fn bare_drain(
+        &self,
+        topic: &str,
+        expected: u64,
+        limit: Duration,
+        check: RecordCheck,
+    ) -> Result<f64, ConnectError> {
+        let check = move |key: &[u8], payload: &[u8]| check(key, payload);
         match &self.backend {
             #[cfg(feature = "memory")]
             Backend::Memory(broker) => {
-                Ok(convoy_memory::baseline::bare_drain_rate(broker, topic, expected, limit).await)
+                Ok(convoy_memory::baseline::bare_drain_rate(broker, topic, expected, limit, check).await)
             }
             #[cfg(feature = "kafka")]
             Backend::Kafka(config) => {
                 let config = backend::kafka::config_for(config, &self.endpoint, true)?;
-                Ok(convoy_kafka::baseline::bare_drain(&config, topic, expected, limit).await?)
+                Ok(convoy_kafka::baseline::bare_drain(&config, topic, expected, limit, check).await?)
             }
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
@@ -292,10 +304,10 @@ impl Connection {
                 })?;
                 let prefetch = transport.prefetch(convoy_core::PrefetchLimit::default());
                 let group = backend::amqp::baseline_group(&self.endpoint);
-                Ok(
-                    convoy_amqp::baseline::bare_drain(&config, topic, &group, prefetch, expected, limit)
-                        .await?,
+                Ok(convoy_amqp::baseline::bare_drain(
+                    &config, topic, &group, prefetch, expected, limit, check,
                 )
+                .await?)
             }
             #[cfg(feature = "nats")]
             Backend::Nats(config) => {
@@ -305,7 +317,7 @@ impl Connection {
                     ..config.clone()
                 })?;
                 let batch = transport.fetch_batch(convoy_core::PrefetchLimit::default());
-                Ok(convoy_nats::baseline::bare_drain(&config, topic, batch, expected, limit).await?)
+                Ok(convoy_nats::baseline::bare_drain(&config, topic, batch, expected, limit, check).await?)
             }
         }
     }

@@ -38,7 +38,7 @@ mod error;
 mod names;
 pub mod settings;
 
-pub use connection::{connect, Connection};
+pub use connection::{connect, Connection, RecordCheck};
 pub use convoy_core::*;
 pub use error::ConnectError;
 pub use names::unique_suffix;

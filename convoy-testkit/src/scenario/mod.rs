@@ -123,8 +123,37 @@ pub trait ScenarioBed: Send + Sync {
     /// Joins the group, the broker client prefetching at most `limit`.
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError>;
     /// Drains the topic with a bare client of the broker (its own group, no engine, no
-    /// ordering) and returns its rate in messages per second.
-    async fn bare_drain(&self, expected: u64, limit: Duration) -> Result<f64, TransportError>;
+    /// ordering), calling `check` with each message's key and payload, and returns its rate in
+    /// messages per second.
+    async fn bare_drain(
+        &self,
+        expected: u64,
+        limit: Duration,
+        check: RecordCheck,
+    ) -> Result<f64, TransportError>;
+}
+
+/// What a baseline does with each message it reads: the benchmark's own bookkeeping
+/// ([`baseline_check`]), so both sides of a ratio pay for it.
+pub type RecordCheck = Arc<dyn Fn(&[u8], &[u8]) + Send + Sync>;
+
+/// The baseline's share of the benchmark's work per message, what the engine's probe handler
+/// does for each message it handles: decode the probe's sequence number and record it, with a
+/// latency, in an order checker of its own (the same expectations: the baseline drains the same
+/// topic). Without it the checker's locks and histogram were charged to convoy alone.
+pub fn baseline_check(messages: u64, keys: usize) -> (RecordCheck, Arc<OrderChecker>) {
+    let checker = Arc::new(OrderChecker::with_capacity(keys));
+    load::register_prefilled(&checker, messages, keys);
+    let check = {
+        let checker = checker.clone();
+        Arc::new(move |key: &[u8], payload: &[u8]| {
+            let received = Instant::now();
+            if let Some(seq) = crate::probe::decode_seq(payload) {
+                checker.handled(key, seq, Some(received.elapsed()));
+            }
+        })
+    };
+    (check, checker)
 }
 
 /// The seed's retry policy: backoff 1 ms, factor 2, cap 100 ms, full jitter.
@@ -235,7 +264,8 @@ pub async fn run(
         None => None,
     };
     let baseline = if scenario.baseline {
-        bed.bare_drain(scenario.messages, scenario.limit)
+        let (check, _) = baseline_check(scenario.messages, scenario.keys);
+        bed.bare_drain(scenario.messages, scenario.limit, check)
             .await
             .map_err(|e| format!("the baseline failed: {e}"))?
     } else {
