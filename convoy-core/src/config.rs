@@ -264,19 +264,13 @@ impl EngineConfig {
     }
 
     /// The shard count after resolving 0 to four per CPU, never more than `max_in_flight`
-    /// (each shard runs at least one handler call at a time).
+    /// (more shards than handler calls could run at once buy nothing).
     pub fn effective_shards(&self) -> usize {
         let shards = match self.shards {
             0 => 4 * std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
         self.max_in_flight.map_or(shards, |max| shards.min(max))
-    }
-
-    /// Shard `index`'s share of `max_in_flight` (the shares add up to it exactly).
-    pub(crate) fn shard_in_flight(&self, index: usize, shards: usize) -> Option<usize> {
-        self.max_in_flight
-            .map(|max| max / shards + usize::from(index < max % shards))
     }
 }
 
@@ -332,15 +326,7 @@ mod tests {
     }
 
     #[test]
-    fn in_flight_shares_add_up_and_shards_never_exceed_the_limit() {
-        let c = EngineConfig {
-            shards: 8,
-            max_in_flight: Some(13),
-            ..EngineConfig::default()
-        };
-        let shares: Vec<usize> = (0..8).map(|i| c.shard_in_flight(i, 8).unwrap()).collect();
-        assert_eq!(shares.iter().sum::<usize>(), 13);
-        assert!(shares.iter().all(|&s| s >= 1));
+    fn shards_never_exceed_the_call_limit() {
         let few = EngineConfig {
             shards: 8,
             max_in_flight: Some(3),

@@ -94,8 +94,10 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
 pub(crate) struct ShardContext {
     pub ctx: Arc<LaneContext>,
     pub stats: Arc<ShardStats>,
-    /// This shard's share of `max_in_flight` handler calls, if limited.
-    pub calls: Option<CallSlots>,
+    /// The engine's `max_in_flight` handler call slots, if limited (shared by all shards).
+    pub calls: Option<Arc<CallSlots>>,
+    /// This shard's number (its stripe of the call slots).
+    pub index: usize,
 }
 
 /// What a lane future does with its message.
@@ -120,7 +122,7 @@ pub(crate) enum Task {
 
 /// Runs a job to its end. Handling a message ends handled, skipped as a duplicate, or
 /// dead-lettered (confirmed by the sink), unless the sink fails fatally. Each attempt first
-/// takes one of the shard's call slots (its share of `max_in_flight`).
+/// takes one of the engine's call slots (`max_in_flight`).
 pub(crate) async fn run(job: Job) -> Outcome {
     let Job { shard, message, task } = job;
     match task {
@@ -152,7 +154,7 @@ async fn process(
     let lane = Lane {
         ctx: &shard.ctx,
         stats: &shard.stats,
-        calls: shard.calls.as_ref(),
+        calls: shard.calls.as_deref().map(|c| (c, shard.index)),
         check_duplicate,
         lease,
     };
@@ -186,7 +188,8 @@ async fn process(
 struct Lane<'a> {
     ctx: &'a LaneContext,
     stats: &'a ShardStats,
-    calls: Option<&'a CallSlots>,
+    /// The call slots, and this shard's stripe of them.
+    calls: Option<(&'a CallSlots, usize)>,
     check_duplicate: bool,
     lease: Option<&'a Lease>,
 }
@@ -262,7 +265,7 @@ impl Lane<'_> {
         span.record("attempt", attempt);
         let (result, started) = {
             let _call = match self.calls {
-                Some(calls) => Some(calls.acquire().await),
+                Some((calls, home)) => Some(calls.acquire(home).await),
                 None => None,
             };
             // Checked last before the call: waiting for a call slot or a backoff may outlast it.

@@ -178,16 +178,19 @@ impl Engine {
         let mut shards = Vec::with_capacity(shard_count);
         let mut shard_aborts = Vec::with_capacity(shard_count);
         let spares = BatchSpares::new(shard_count);
+        // One pool of call slots for all shards, striped per shard (see `slots.rs`).
+        let calls = self
+            .config
+            .max_in_flight
+            .map(|n| Arc::new(CallSlots::new(n, shard_count)));
         for (index, shard_stats) in stats.shards.iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
             shards.push(tx);
             let context = ShardContext {
                 ctx: self.context.clone(),
                 stats: shard_stats.clone(),
-                calls: self
-                    .config
-                    .shard_in_flight(index, shard_count)
-                    .map(CallSlots::new),
+                calls: calls.clone(),
+                index,
             };
             let shard = Shard::new(rx, reports_tx.clone(), context, lane::run, spares.clone());
             shard_aborts.push(shard_tasks.spawn(shard.run()));
