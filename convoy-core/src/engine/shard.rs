@@ -345,7 +345,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 }
                 let mut ended = std::mem::take(&mut self.ended);
                 progressed |= self.launcher.tasks.poll_round(&mut ended);
-                self.finish(&mut ended);
+                self.finish(ended);
                 if !progressed {
                     break;
                 }
@@ -362,17 +362,18 @@ impl<F: Future<Output = Outcome>> Shard<F> {
     }
 
     /// Handles the lane futures in `ended`, then polls the ones that started meanwhile (the
-    /// next messages of their lanes), until none is left; keeps `ended`'s allocation.
-    fn finish(&mut self, ended: &mut Vec<Ended<Outcome>>) {
+    /// next messages of their lanes), until none is left; keeps `ended`'s allocation for the
+    /// next round (it is taken out of `self` while the shard is borrowed to handle it).
+    fn finish(&mut self, mut ended: Vec<Ended<Outcome>>) {
         loop {
             for end in ended.drain(..) {
                 self.on_finished(end);
             }
-            if !self.launcher.tasks.poll_fresh(ended) {
+            if !self.launcher.tasks.poll_fresh(&mut ended) {
                 break;
             }
         }
-        self.ended = std::mem::take(ended);
+        self.ended = ended;
     }
 
     /// Polls the lane futures started since the last poll right away: a message whose handler
@@ -380,11 +381,8 @@ impl<F: Future<Output = Outcome>> Shard<F> {
     /// it is still in the allocator's per-thread cache.
     fn settle(&mut self) {
         let mut ended = std::mem::take(&mut self.ended);
-        if self.launcher.tasks.poll_fresh(&mut ended) {
-            self.finish(&mut ended);
-        } else {
-            self.ended = ended;
-        }
+        self.launcher.tasks.poll_fresh(&mut ended);
+        self.finish(ended);
     }
 
     fn flush(&mut self) {
