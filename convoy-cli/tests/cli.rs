@@ -83,6 +83,8 @@ fn seed_load_reports_whether_the_rate_was_held() {
     // A live load splits the time before the handler at the engine's receipt.
     let stages = &report["stages"];
     for field in [
+        "to_ack_p50_ms",
+        "to_ack_p99_ms",
         "to_engine_p50_ms",
         "to_engine_p99_ms",
         "in_engine_p50_ms",

@@ -105,6 +105,8 @@ pub struct OrderChecker {
     duplicates: AtomicU64,
     overlaps: AtomicU64,
     samples: Mutex<Vec<String>>,
+    /// Produce → the broker's acknowledgement, per message (live loads; see `acked`).
+    acked_us: Mutex<Histogram<u64>>,
 }
 
 impl Default for OrderChecker {
@@ -156,6 +158,7 @@ impl OrderChecker {
             duplicates: AtomicU64::new(0),
             overlaps: AtomicU64::new(0),
             samples: Mutex::new(Vec::new()),
+            acked_us: Mutex::new(histogram()),
         }
     }
 
@@ -297,6 +300,26 @@ impl OrderChecker {
         let mut stripe = self.stripe_of(hash);
         stripe.to_engine_us.saturating_record(micros(to_engine));
         stripe.in_engine_us.saturating_record(micros(in_engine));
+    }
+
+    /// Records that the broker acknowledged `messages` messages `after` they were produced (the
+    /// load generator's stamp → its publisher's confirmation: the producer and the broker's
+    /// append, the first part of produce → engine).
+    pub fn acked(&self, after: Duration, messages: u64) {
+        let mut h = self.acked_us.lock().unwrap_or_else(|p| p.into_inner());
+        let value = micros(after).min(h.high());
+        let _ = h.record_n(value, messages);
+    }
+
+    /// Percentiles of [`acked`](Self::acked); `None` if nothing was recorded.
+    pub fn ack_percentiles_us(&self) -> Option<Percentiles> {
+        let h = self.acked_us.lock().unwrap_or_else(|p| p.into_inner());
+        (!h.is_empty()).then(|| Percentiles {
+            p50: h.value_at_quantile(0.50),
+            p95: h.value_at_quantile(0.95),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+        })
     }
 
     /// Latency percentiles (microseconds) over everything recorded: (p50, p95, p99, p999).

@@ -78,12 +78,18 @@ pub(super) async fn live(
             continue;
         }
         let count = (due - sent).min(LIVE_BURST);
-        let stamp = unix_micros().to_string();
+        let stamped = unix_micros();
+        let stamp = stamped.to_string();
         let batch = probe_batch(&checker, "key-", keys, sent, count, payload_bytes)
             .into_iter()
             .map(|m| m.header(SENT_AT_HEADER, stamp.clone()))
             .collect();
         publisher.publish_all(batch).await?;
+        // Every message of the batch is acknowledged once `publish_all` returns.
+        checker.acked(
+            Duration::from_micros(unix_micros().saturating_sub(stamped)),
+            count as u64,
+        );
         sent += count;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())

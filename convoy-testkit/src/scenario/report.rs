@@ -26,8 +26,9 @@ pub struct ScenarioReport {
     /// 99.9th percentile.
     pub p999_ms: f64,
     /// Where the time went before the handler, when messages carry their produce time (live
-    /// loads): produce → received by the engine (the broker path) and received → handler
-    /// started (the engine), p50 / p99 in milliseconds.
+    /// loads): produce → the broker's acknowledgement, produce → received by the engine (the
+    /// broker path, acknowledgement included) and received → handler started (the engine),
+    /// p50 / p99 in milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stages: Option<Stages>,
     /// Retries after transient failures.
@@ -102,6 +103,11 @@ pub struct Measured<'a> {
 /// Latency before the handler, split at the engine's receipt (milliseconds).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Stages {
+    /// Produce → the broker's acknowledgement to the producer, median (the producer's batching
+    /// and the broker's append; messages of a batch share its acknowledgement time).
+    pub to_ack_p50_ms: f64,
+    /// Produce → the broker's acknowledgement, 99th percentile.
+    pub to_ack_p99_ms: f64,
     /// Produce → received by the engine, median.
     pub to_engine_p50_ms: f64,
     /// Produce → received by the engine, 99th percentile.
@@ -116,6 +122,7 @@ impl ScenarioReport {
     /// The report of a run.
     pub fn new(m: Measured<'_>) -> Self {
         let check = m.checker.report();
+        let ack = m.checker.ack_percentiles_us().unwrap_or_default();
         let (p50, p95, p99, p999) = m.checker.latency_percentiles_us();
         let throughput = m.messages as f64 / m.elapsed_s;
         let mib = |bytes: usize| bytes as f64 / f64::from(1 << 20);
@@ -132,6 +139,8 @@ impl ScenarioReport {
             p99_ms: p99 as f64 / 1000.0,
             p999_ms: p999 as f64 / 1000.0,
             stages: m.checker.stage_percentiles_us().map(|(to, inside)| Stages {
+                to_ack_p50_ms: ack.p50 as f64 / 1000.0,
+                to_ack_p99_ms: ack.p99 as f64 / 1000.0,
                 to_engine_p50_ms: to.p50 as f64 / 1000.0,
                 to_engine_p99_ms: to.p99 as f64 / 1000.0,
                 in_engine_p50_ms: inside.p50 as f64 / 1000.0,
@@ -198,6 +207,10 @@ impl ScenarioReport {
         ]);
         if let Some(s) = self.stages {
             rows.extend([
+                (
+                    "produce → broker ack p50 / p99",
+                    format!("{:.3} ms / {:.3} ms", s.to_ack_p50_ms, s.to_ack_p99_ms),
+                ),
                 (
                     "produce → engine p50 / p99",
                     format!("{:.3} ms / {:.3} ms", s.to_engine_p50_ms, s.to_engine_p99_ms),
