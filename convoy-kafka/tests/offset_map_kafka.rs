@@ -42,11 +42,7 @@ async fn keeps_commit_metadata(bootstrap: &str, topic: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_offsets_above_the_watermark_reach_the_next_owner() {
     common::init_tracing();
-    let Some(bootstrap) = common::bootstrap() else {
-        eprintln!(
-            "skipped: {} is not set (scripts/test sets it)",
-            common::BOOTSTRAP_VAR
-        );
+    let Some(bootstrap) = common::bootstrap_or_skip() else {
         return;
     };
     let topic = common::unique("convoy-map");

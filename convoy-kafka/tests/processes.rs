@@ -136,13 +136,7 @@ struct Setup {
 /// A fresh topic, group and log on the broker named by `CONVOY_KAFKA_BOOTSTRAP`.
 async fn setup(partitions: i32) -> Option<Setup> {
     common::init_tracing();
-    let bootstrap = common::bootstrap().or_else(|| {
-        eprintln!(
-            "skipped: {} is not set (scripts/test sets it)",
-            common::BOOTSTRAP_VAR
-        );
-        None
-    })?;
+    let bootstrap = common::bootstrap_or_skip()?;
     let topic = common::unique("convoy-proc");
     common::create_topic(&bootstrap, &topic, partitions).await;
     common::create_topic(&bootstrap, &format!("{topic}.dlq"), 1).await;

@@ -34,6 +34,15 @@ pub fn bootstrap() -> Option<String> {
     std::env::var(BOOTSTRAP_VAR).ok().filter(|s| !s.is_empty())
 }
 
+/// The broker's address, or `None` after saying the test is skipped (scripts/test sets it).
+pub fn bootstrap_or_skip() -> Option<String> {
+    let found = bootstrap();
+    if found.is_none() {
+        eprintln!("skipped: {BOOTSTRAP_VAR} is not set (scripts/test sets it)");
+    }
+    found
+}
+
 static BEDS: AtomicU64 = AtomicU64::new(0);
 
 /// A unique name per process and call.
