@@ -89,8 +89,9 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
 }
 
 /// What the lane futures of one shard share: the engine's lane context, the shard's counters
-/// and its call slots. One per shard, so its reference count is touched by that shard alone
-/// (one `Arc` shared by every shard bounced between cores twice a message).
+/// and the engine's call slots. One per shard, cloned for each message, so the count touched
+/// per message is that shard's alone (one `Arc` shared by every shard bounced between cores
+/// twice a message).
 pub(crate) struct ShardContext {
     pub ctx: Arc<LaneContext>,
     pub stats: Arc<ShardStats>,
