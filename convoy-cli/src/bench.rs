@@ -3,7 +3,6 @@
 //! then the result table (or one JSON object).
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use crate::bed::ConnectionBed;
 use convoy::ConnectConfig;
@@ -73,11 +72,7 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
         hold_one_key: memory_bound,
         back_pressure,
         shards: args.shards,
-        latency: if work_ms > 0.0 {
-            Latency::Fixed(Duration::from_secs_f64(work_ms / 1000.0))
-        } else {
-            Latency::None
-        },
+        latency: Latency::work(work_ms, args.tokio_timer),
         transient_rate,
         seed: 7,
         retry: seed_retry(),

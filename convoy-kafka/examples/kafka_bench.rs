@@ -79,7 +79,7 @@ fn scenario(args: &Args) -> Scenario {
             200_000,
             1_000,
             0.0,
-            Latency::Fixed(Duration::from_millis(1)),
+            Latency::Exact(Duration::from_millis(1)),
             Load::Prefill,
         ),
     };

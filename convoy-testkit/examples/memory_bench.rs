@@ -6,7 +6,6 @@
 //! Prints one JSON object per run with `--json`, a short summary otherwise.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 use convoy_testkit::memory::run_memory;
@@ -28,9 +27,12 @@ struct Args {
     /// Engine shards (0: the engine default, four per CPU).
     #[arg(long, default_value_t = 0)]
     shards: usize,
-    /// Handler latency in milliseconds (an async timer, not CPU work).
+    /// Handler latency in milliseconds (an async timer that ends on time, not CPU work).
     #[arg(long, default_value_t = 0.0)]
     work_ms: f64,
+    /// Wait on tokio's timer instead (rounds each wait up to its next 1 ms tick).
+    #[arg(long)]
+    tokio_timer: bool,
     /// Fraction of messages that fail transiently once (retried in their lane).
     #[arg(long, default_value_t = 0.0)]
     transient_rate: f64,
@@ -49,11 +51,7 @@ fn main() -> ExitCode {
         keys: args.keys.max(1),
         partitions: args.partitions.max(1),
         shards: args.shards,
-        latency: if args.work_ms > 0.0 {
-            Latency::Fixed(Duration::from_secs_f64(args.work_ms / 1000.0))
-        } else {
-            Latency::None
-        },
+        latency: Latency::work(args.work_ms, args.tokio_timer),
         transient_rate: args.transient_rate,
         retry: seed_retry(),
         baseline: !args.no_baseline,

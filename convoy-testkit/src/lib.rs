@@ -9,7 +9,8 @@
 //! - [`memory`]: the memory transport's conformance target;
 //! - [`ownership`]: scenarios for transports whose members balance partitions themselves;
 //! - [`scenario`]: the benchmark scenario runner (load, latency histogram, order check, baseline);
-//! - [`script`]: a hand-driven subscription, for engine tests that play the transport.
+//! - [`script`]: a hand-driven subscription, for engine tests that play the transport;
+//! - [`timer`]: an async wait that lasts what it is given, for benchmarks' work.
 
 pub mod checker;
 pub mod conformance;
@@ -18,6 +19,7 @@ pub mod ownership;
 pub mod probe;
 pub mod scenario;
 pub mod script;
+pub mod timer;
 
 pub use checker::{CheckReport, OrderChecker};
 pub use convoy_memory::{Faults, MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};

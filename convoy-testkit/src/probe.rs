@@ -150,10 +150,27 @@ pub enum Latency {
     /// Return at once.
     #[default]
     None,
-    /// Always this long (an async timer, not CPU).
+    /// Always this long (tokio's timer, not CPU: follows a paused clock, and rounds each wait up
+    /// to its next 1 ms tick).
     Fixed(Duration),
+    /// Always this long, on the testkit's exact timer ([`crate::timer`]): what benchmarks
+    /// use to model async work. Ignores a paused clock.
+    Exact(Duration),
     /// Uniform in `[min, max]`, chosen per message deterministically.
     Uniform(Duration, Duration),
+}
+
+impl Latency {
+    /// `ms` milliseconds of async work per message, as the benchmarks model it: the exact timer,
+    /// or tokio's with `tokio_timer` (each 1 ms wait then lasts ~2.25 ms); none at 0.
+    pub fn work(ms: f64, tokio_timer: bool) -> Latency {
+        let duration = Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+        match (duration.is_zero(), tokio_timer) {
+            (true, _) => Latency::None,
+            (false, true) => Latency::Fixed(duration),
+            (false, false) => Latency::Exact(duration),
+        }
+    }
 }
 
 /// Which faults a [`ProbeHandler`] injects. Choices are a deterministic function of the seed,
@@ -308,6 +325,7 @@ impl Handler for ProbeHandler {
         match plan.latency {
             Latency::None => {}
             Latency::Fixed(d) => tokio::time::sleep(d).await,
+            Latency::Exact(d) => crate::timer::exact_sleep(d).await,
             Latency::Uniform(min, max) => {
                 let span = max.saturating_sub(min);
                 tokio::time::sleep(min + span.mul_f64(plan.roll(1, &key, seq))).await;
