@@ -5,7 +5,6 @@
 //! event is skipped. The in-memory store forgets the oldest ids past its capacity and does not
 //! survive a restart; external side effects still need idempotent downstream services.
 
-use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::Mutex;
 
@@ -58,9 +57,15 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     }
 }
 
-/// A bounded in-memory store: the newest `capacity` ids, split over independently locked
-/// stripes so parallel shards rarely contend. Each id is hashed once per call: the hash picks
-/// the stripe and is the stripe table's hash too, and eviction reuses the stored hash.
+/// A bounded in-memory store of the newest ids: `capacity` of them split over independently
+/// locked stripes (so parallel shards rarely contend), each stripe keeping its newest share. Each id is hashed once per call: the hash
+/// picks the stripe and is the stripe table's hash too.
+///
+/// A stripe keeps its ids in a ring in insertion order and indexes them by hash with four-byte
+/// slots, so the random probes of a lookup, an insert and the eviction of the oldest id touch
+/// a small table that stays in cache. With the ids inside the table (100,000 of 48 bytes), the
+/// eviction's probe missed the cache for every id recorded — about 70 % of recording an id, and
+/// on Kafka the most expensive step of a message in the engine.
 pub struct MemoryIdempotencyStore {
     stripes: Box<[Mutex<Stripe>]>,
     hasher: foldhash::fast::FixedState,
@@ -103,18 +108,35 @@ impl Stored {
     }
 }
 
-#[derive(Default)]
 struct Stripe {
-    ids: HashTable<(u64, Stored)>,
-    /// Hashes in insertion order (the oldest is evicted first); ids are unique in a stripe.
-    order: VecDeque<u64>,
-    capacity: usize,
+    /// Where in `ring` each id held is, by the id's hash: four bytes a slot, so the probes of
+    /// every lookup stay in cache; the ring is read only for a slot whose tag matches.
+    index: HashTable<u32>,
+    /// The ids held (with their hashes) in insertion order: a ring of `share` slots, the
+    /// oldest overwritten first. Ids are unique in a stripe.
+    ring: Vec<(u64, Stored)>,
+    /// The oldest slot once the ring is full: where the next id goes.
+    next: usize,
+    share: usize,
 }
 
 impl Stripe {
+    fn new(share: usize) -> Self {
+        Stripe {
+            index: HashTable::new(),
+            ring: Vec::new(),
+            next: 0,
+            share: share.clamp(1, u32::MAX as usize),
+        }
+    }
+
     fn contains(&self, hash: u64, id: &EventId) -> bool {
-        self.ids
-            .find(hash, |(h, e)| *h == hash && e.matches(id))
+        let ring = &self.ring;
+        self.index
+            .find(hash, |&at| {
+                let (h, held) = &ring[at as usize];
+                *h == hash && held.matches(id)
+            })
             .is_some()
     }
 
@@ -122,39 +144,37 @@ impl Stripe {
         if self.contains(hash, id) {
             return;
         }
-        self.ids.insert_unique(hash, (hash, Stored::of(id)), |(h, _)| *h);
-        self.order.push_back(hash);
-        if self.order.len() > self.capacity {
-            self.evict_oldest();
-        }
-    }
-
-    /// Removes the oldest id: an entry with the oldest hash in `order`. Should two ids of a
-    /// stripe share a 64-bit hash, either may go first — an id forgotten a little early, never
-    /// one kept forever (entries with a hash and `order` slots with it stay equal in number).
-    fn evict_oldest(&mut self) {
-        if let Some(hash) = self.order.pop_front() {
-            if let Ok(entry) = self.ids.find_entry(hash, |(h, _)| *h == hash) {
-                entry.remove();
+        let entry = (hash, Stored::of(id));
+        let at = if self.ring.len() < self.share {
+            self.ring.push(entry);
+            self.ring.len() - 1
+        } else {
+            // Forget the oldest id: its slot is found by its hash in the small index, the
+            // ring itself is walked in order.
+            let at = self.next;
+            self.next = (at + 1) % self.share;
+            let oldest = self.ring[at].0;
+            if let Ok(slot) = self.index.find_entry(oldest, |&q| q as usize == at) {
+                slot.remove();
             }
-        }
+            self.ring[at] = entry;
+            at
+        };
+        let ring = &self.ring;
+        self.index.insert_unique(hash, at as u32, |&q| ring[q as usize].0);
     }
 }
 
 const STRIPES: usize = 16;
 
 impl MemoryIdempotencyStore {
-    /// A store remembering about `capacity` ids (at least one per stripe).
+    /// A store remembering about the newest `capacity` ids (spread over its stripes by hash,
+    /// at least one per stripe).
     pub fn new(capacity: usize) -> Self {
         let per_stripe = capacity.div_ceil(STRIPES).max(1);
         MemoryIdempotencyStore {
             stripes: (0..STRIPES)
-                .map(|_| {
-                    Mutex::new(Stripe {
-                        capacity: per_stripe,
-                        ..Stripe::default()
-                    })
-                })
+                .map(|_| Mutex::new(Stripe::new(per_stripe)))
                 .collect(),
             hasher: foldhash::fast::FixedState::with_seed(0x1de),
         }
@@ -230,8 +250,28 @@ mod tests {
                 .contains(&EventId::Position(SourceId::new("s"), 9_999))
                 .await
         );
-        let held: usize = store.stripes.iter().map(|s| s.lock().unwrap().ids.len()).sum();
-        assert!(held <= STRIPES * 2);
+        let held: usize = store.stripes.iter().map(|s| s.lock().unwrap().index.len()).sum();
+        assert!(held <= STRIPES * 2, "bounded: {held} ids held");
+    }
+
+    #[test]
+    fn a_stripe_remembers_exactly_its_newest_share() {
+        let store = MemoryIdempotencyStore::new(STRIPES);
+        let mut stripe = Stripe::new(16);
+        let id = |i: u64| EventId::Position(SourceId::new("s"), i);
+        for i in 0..1_000u64 {
+            let hash = store.hasher.hash_one(id(i));
+            stripe.insert(hash, &id(i));
+            stripe.insert(hash, &id(i)); // a repeat is not a new id
+            assert_eq!(stripe.index.len(), (i as usize + 1).min(16));
+            for newer in i.saturating_sub(15)..=i {
+                let hash = store.hasher.hash_one(id(newer));
+                assert!(stripe.contains(hash, &id(newer)), "{newer} forgotten at {i}");
+            }
+        }
+        for older in 0..984 {
+            assert!(!stripe.contains(store.hasher.hash_one(id(older)), &id(older)));
+        }
     }
 
     #[tokio::test]
