@@ -108,7 +108,11 @@ async fn read(parts: PartitionParts, mut stopped: watch::Receiver<bool>) -> (Con
         };
         let mut end = None;
         let mut batch = match first {
-            Some(Ok(delivery)) => vec![to_message(delivery, &source)],
+            Some(Ok(delivery)) => {
+                let mut batch = events.batch_buffer();
+                batch.push(to_message(delivery, &source));
+                batch
+            }
             Some(Err(e)) => break Ended::Failed(e),
             None => break Ended::Cancelled,
         };

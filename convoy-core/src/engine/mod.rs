@@ -11,7 +11,7 @@ mod intake;
 mod lane;
 mod shard;
 mod slots;
-mod spares;
+pub(crate) mod spares;
 mod stats;
 mod tasks;
 

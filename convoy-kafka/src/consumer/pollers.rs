@@ -226,7 +226,8 @@ fn serve(pool: &Pool, slot: &Arc<Slot>, shared: &Shared) -> Result<(), ()> {
         return Ok(());
     }
     let limits = shared.prefetch;
-    let mut batch: Vec<Message> = served.carry.take().into_iter().collect();
+    let mut batch = shared.events.batch_buffer();
+    batch.extend(served.carry.take());
     let mut bytes: usize = batch.iter().map(Message::weight).sum();
     let mut drained = false;
     while batch.len() < limits.batch_messages && bytes < limits.batch_bytes {

@@ -232,7 +232,7 @@ impl Reader {
             return Step::Recreate;
         };
         let first = messages.next().await;
-        let mut batch = Vec::new();
+        let mut batch = self.parts.events.batch_buffer();
         let mut next = first;
         loop {
             match next {

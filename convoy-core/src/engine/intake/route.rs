@@ -25,7 +25,7 @@ impl Intake {
         (lane, self.shard_hasher.hash_one(lane))
     }
 
-    pub(super) fn on_messages(&mut self, source: SourceId, messages: Vec<Message>) {
+    pub(super) fn on_messages(&mut self, source: SourceId, mut messages: Vec<Message>) {
         let Some(&slot) = self.by_id.get(&source) else {
             // Fetched under an assignment that has ended: the next owner reads them again.
             tracing::debug!(%source, count = messages.len(), "ignoring messages of a source not assigned to this consumer");
@@ -39,7 +39,7 @@ impl Intake {
         let shard_count = self.shards.len();
         let (mut routed, mut routed_bytes) = (0usize, 0usize);
         let wants_above = self.wants_above;
-        for message in messages {
+        for message in messages.drain(..) {
             let Some(state) = self.sources[slot as usize].as_mut() else {
                 return;
             };
@@ -98,6 +98,7 @@ impl Intake {
             routed += 1;
             routed_bytes += weight;
         }
+        self.events.recycle(messages);
         if let Some(state) = self.state(slot) {
             state.held += routed;
             state.held_bytes += routed_bytes;
