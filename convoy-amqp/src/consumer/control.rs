@@ -1,6 +1,6 @@
 //! Pause, resume, commit and close for one member.
 
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,11 +28,6 @@ impl AmqpControl {
                 o.paused.send_replace(paused);
             }
         }
-    }
-
-    fn leave(&self) {
-        self.shared.closing.store(true, SeqCst);
-        self.shared.close.notify_one();
     }
 }
 
@@ -118,9 +113,8 @@ impl SourceControl for AmqpControl {
     }
 
     async fn close(&self) -> Result<(), TransportError> {
-        let mut closed = self.shared.closed.subscribe();
-        self.leave();
-        let _ = closed.wait_for(|c| *c).await;
+        self.shared.departure.ask();
+        self.shared.departure.wait_left().await;
         Ok(())
     }
 }
@@ -129,6 +123,6 @@ impl Drop for AmqpControl {
     fn drop(&mut self) {
         // Dropped without close (the engine crashed): leave without acknowledging anything more;
         // closing the channels returns every unacknowledged message to its queue.
-        self.leave();
+        self.shared.departure.ask();
     }
 }

@@ -24,7 +24,7 @@
 //!   still be finishing handlers when the broker hands its partitions on.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,12 +163,12 @@ impl Session {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if self.shared.closing.load(SeqCst) {
+            if self.shared.departure.is_asked() {
                 self.leave().await;
                 return Outcome::Closed;
             }
             tokio::select! {
-                _ = self.shared.close.notified() => {}
+                _ = self.shared.departure.asked() => {}
                 Some(source) = self.ended_rx.recv() => {
                     if !self.connected() {
                         return Outcome::Lost("the connection was lost".into());
@@ -502,19 +502,19 @@ pub(super) async fn run(shared: Arc<Shared>, mut session: Session) {
         }
         let mut backoff = Duration::from_millis(100);
         session = loop {
-            if shared.closing.load(SeqCst) {
-                let _ = shared.closed.send(true);
+            if shared.departure.is_asked() {
+                shared.departure.left();
                 return;
             }
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
-                _ = shared.close.notified() => continue,
+                _ = shared.departure.asked() => continue,
             }
             match Session::open(shared.clone()).await {
                 Ok(session) => break session,
                 Err(e) if e.is_fatal() => {
                     let _ = shared.events.control(SourceEvent::Failed(e));
-                    let _ = shared.closed.send(true);
+                    shared.departure.left();
                     return;
                 }
                 Err(e) => {
@@ -524,5 +524,5 @@ pub(super) async fn run(shared: Arc<Shared>, mut session: Session) {
             }
         };
     }
-    let _ = shared.closed.send(true);
+    shared.departure.left();
 }

@@ -16,14 +16,14 @@ mod member;
 mod partition;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use convoy_core::transport::{event_channel, EventSender};
+use convoy_core::transport::{event_channel, Departure, EventSender};
 use convoy_core::{PrefetchLimit, SourceId, Subscription, Transport, TransportError};
 use lapin::Channel;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 use self::control::AmqpControl;
 use crate::config::AmqpConfig;
@@ -52,11 +52,8 @@ struct Shared {
     owned: Mutex<HashMap<SourceId, Owned>>,
     /// Unacknowledged messages per partition channel.
     prefetch: u16,
-    /// Set when the engine closes the subscription: the member leaves the group.
-    closing: AtomicBool,
-    close: Notify,
-    /// Set once the member left.
-    closed: watch::Sender<bool>,
+    /// The engine closing the subscription asks the member to leave the group.
+    departure: Departure,
 }
 
 impl Shared {
@@ -101,15 +98,12 @@ impl Transport for AmqpTransport {
 
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
         let (events, rx) = event_channel(EVENT_CAPACITY);
-        let (closed, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             config: self.config.clone(),
             events,
             owned: Mutex::default(),
             prefetch: self.prefetch(limit),
-            closing: AtomicBool::new(false),
-            close: Notify::new(),
-            closed,
+            departure: Departure::new(),
         });
         // Connect and declare before returning, so a bad address or a mismatching queue is an
         // error of `subscribe`, not a silent retry loop.

@@ -25,9 +25,11 @@ use async_trait::async_trait;
 
 use crate::message::{Offset, OutgoingMessage, SourceId};
 
+mod departure;
 mod events;
 mod lease;
 
+pub use departure::Departure;
 pub use lease::Lease;
 
 pub use events::{

@@ -1,6 +1,6 @@
 //! Pause, resume, commit, lag and close for one member.
 
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,11 +29,6 @@ impl NatsControl {
                 o.paused.send_replace(paused);
             }
         }
-    }
-
-    fn leave(&self) {
-        self.shared.closing.store(true, SeqCst);
-        self.shared.close.notify_one();
     }
 }
 
@@ -115,9 +110,8 @@ impl SourceControl for NatsControl {
     }
 
     async fn close(&self) -> Result<(), TransportError> {
-        let mut closed = self.shared.closed.subscribe();
-        self.leave();
-        let _ = closed.wait_for(|c| *c).await;
+        self.shared.departure.ask();
+        self.shared.departure.wait_left().await;
         Ok(())
     }
 }
@@ -125,6 +119,6 @@ impl SourceControl for NatsControl {
 impl Drop for NatsControl {
     fn drop(&mut self) {
         // Dropped without close (the engine crashed): leave without committing anything more.
-        self.leave();
+        self.shared.departure.ask();
     }
 }

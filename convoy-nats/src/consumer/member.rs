@@ -26,7 +26,7 @@
 //!   engine cannot take back a call in progress — but nothing new starts.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -138,12 +138,12 @@ impl Session {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if shared.closing.load(SeqCst) {
+            if shared.departure.is_asked() {
                 self.leave(shared).await;
                 return;
             }
             tokio::select! {
-                _ = shared.close.notified() => {}
+                _ = shared.departure.asked() => {}
                 Some(key) = self.lost.recv() => self.lost_lease(shared, &key).await,
                 _ = tick.tick() => {
                     if let Err(e) = self.balance(shared).await {
@@ -456,5 +456,5 @@ pub(super) async fn run(shared: Arc<Shared>, mut session: Session) {
     session.serve(&shared).await;
     // Dropping the session ends the lease keeper (its lost-key receiver is gone).
     drop(session);
-    let _ = shared.closed.send(true);
+    shared.departure.left();
 }

@@ -20,15 +20,15 @@ mod member;
 mod partition;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_nats::jetstream::kv::Store;
 use async_nats::jetstream::stream::Stream;
 use async_trait::async_trait;
-use convoy_core::transport::{event_channel, EventSender};
+use convoy_core::transport::{event_channel, Departure, EventSender};
 use convoy_core::{Lease, PrefetchLimit, SourceId, Subscription, Transport, TransportError};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 use self::control::NatsControl;
 use crate::config::NatsConfig;
@@ -62,11 +62,8 @@ struct Shared {
     watermarks: Store,
     /// Messages per pull.
     batch: usize,
-    /// Set when the engine closes the subscription: the member leaves the group.
-    closing: AtomicBool,
-    close: Notify,
-    /// Set once the member left.
-    closed: watch::Sender<bool>,
+    /// The engine closing the subscription asks the member to leave the group.
+    departure: Departure,
 }
 
 impl Shared {
@@ -115,16 +112,13 @@ impl Transport for NatsTransport {
         // Connect and declare before returning, so a bad address or a mismatching stream is an
         // error of `subscribe`, not a silent retry loop.
         let (session, watermarks) = member::Session::open(&self.config, events.clone()).await?;
-        let (closed, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             config: self.config.clone(),
             events,
             owned: Mutex::default(),
             watermarks,
             batch: self.fetch_batch(limit),
-            closing: AtomicBool::new(false),
-            close: Notify::new(),
-            closed,
+            departure: Departure::new(),
         });
         tokio::spawn(member::run(shared.clone(), session));
         Ok(Subscription {
