@@ -205,7 +205,7 @@ pub async fn run(
     let held = scenario
         .hold_one_key
         .then(|| hold_one_key(&mut plan, checker.clone(), scenario, bed.partitions()));
-    let handler = ProbeHandler::with_faults(checker.clone(), plan);
+    let handler = ProbeHandler::with_faults(checker.clone(), plan).without_in_flight_tracking();
     let config = EngineConfig {
         group: bed.group().to_owned(),
         shards: scenario.shards,
