@@ -109,7 +109,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub work_ms: Option<f64>,
     /// Wait the work out on tokio's timer instead, which rounds each wait up to its next 1 ms
-    /// tick (1 ms lasts ~2.25 ms): how `work` figures before 2026-12-01 10:00 UTC were taken.
+    /// tick (1 ms lasts 2.1–2.4 ms): how `work` figures before 2026-12-01 10:00 UTC were taken.
     #[arg(long)]
     pub tokio_timer: bool,
     /// Fraction of messages failing transiently once (retried in their lane).

@@ -162,7 +162,7 @@ pub enum Latency {
 
 impl Latency {
     /// `ms` milliseconds of async work per message, as the benchmarks model it: the exact timer,
-    /// or tokio's with `tokio_timer` (each 1 ms wait then lasts ~2.25 ms); none at 0.
+    /// or tokio's with `tokio_timer` (each 1 ms wait then lasts 2.1–2.4 ms); none at 0.
     pub fn work(ms: f64, tokio_timer: bool) -> Latency {
         let duration = Duration::from_secs_f64(ms.max(0.0) / 1000.0);
         match (duration.is_zero(), tokio_timer) {

@@ -1,9 +1,9 @@
 //! An async wait that lasts the time it is given: [`exact_sleep`].
 //!
 //! tokio's timer rounds every deadline up to its next 1 ms tick and fires it when a worker next
-//! turns to the driver, so `tokio::time::sleep(1 ms)` lasts about 2.25 ms on a busy machine
+//! turns to the driver, so `tokio::time::sleep(1 ms)` lasts 2.1–2.4 ms here
 //! (`examples/timer_precision.rs` measures it). A benchmark that models "1 ms of async work"
-//! with it measures twice that work, and peers that sleep a thread for 1 ms wait ~1.06 ms.
+//! with it measures twice that work, and peers that sleep a thread for 1 ms wait ~1.1 ms.
 //! Real I/O of 1 ms ends on socket readiness, not on a timer tick.
 //!
 //! Here one thread of the testkit keeps the deadlines in a heap and parks until the earliest,
