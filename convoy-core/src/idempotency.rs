@@ -58,8 +58,9 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
 }
 
 /// A bounded in-memory store of the newest ids: `capacity` of them split over independently
-/// locked stripes (so parallel shards rarely contend), each stripe keeping its newest share. Each id is hashed once per call: the hash
-/// picks the stripe and is the stripe table's hash too.
+/// locked stripes (so parallel shards rarely contend), each stripe keeping its newest share.
+/// Each id is hashed once per call: the hash picks the stripe and is the stripe table's hash
+/// too.
 ///
 /// A stripe keeps its ids in a ring in insertion order and indexes them by hash with four-byte
 /// slots, so the random probes of a lookup, an insert and the eviction of the oldest id touch

@@ -656,16 +656,17 @@ impl MemoryBroker {
                     };
                     let source = source_id(topic, *partition);
                     let mut weight = 0usize;
-                    let messages: Vec<Message> = p
-                        .log
-                        .read_from(cursor.next, faults.max_batch.max(1))
-                        .take_while(|r| {
-                            let fits = weight < batch_bytes;
-                            weight += r.weight();
-                            fits
-                        })
-                        .map(|r| r.to_message(&source))
-                        .collect();
+                    let mut messages = tx.batch_buffer();
+                    messages.extend(
+                        p.log
+                            .read_from(cursor.next, faults.max_batch.max(1))
+                            .take_while(|r| {
+                                let fits = weight < batch_bytes;
+                                weight += r.weight();
+                                fits
+                            })
+                            .map(|r| r.to_message(&source)),
+                    );
                     let Some(last) = messages.last() else {
                         continue;
                     };

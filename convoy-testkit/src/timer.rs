@@ -51,10 +51,8 @@ struct Due {
     slot: Arc<Slot>,
 }
 
-#[derive(Default)]
 struct Slot(Mutex<SlotState>);
 
-#[derive(Default)]
 struct SlotState {
     fired: bool,
     waker: Option<Waker>,
