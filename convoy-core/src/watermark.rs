@@ -53,6 +53,9 @@ pub struct WatermarkTracker {
     window: VecDeque<(Offset, Entry)>,
     /// Sequence number of `window[0]`.
     head_seq: Seq,
+    /// Entries of `window` that are finished (all above the watermark): every commit asks for
+    /// them, and most often there are none.
+    finished: usize,
     watermark: Option<Offset>,
     last_received: Option<Offset>,
 }
@@ -63,6 +66,7 @@ impl WatermarkTracker {
         WatermarkTracker {
             window: VecDeque::new(),
             head_seq: 0,
+            finished: 0,
             watermark: committed,
             last_received: committed,
         }
@@ -92,6 +96,7 @@ impl WatermarkTracker {
             Some(entry) if entry.1 == Entry::Unfinished => entry.1 = Entry::Finished,
             _ => return Progress::Nothing,
         }
+        self.finished += 1;
         if self.advance() {
             Progress::Watermark
         } else {
@@ -107,6 +112,7 @@ impl WatermarkTracker {
                 Entry::Unfinished => break,
                 Entry::Finished => {
                     self.watermark = Some(offset);
+                    self.finished -= 1;
                     moved = true;
                 }
                 Entry::Gone => {}
@@ -127,6 +133,9 @@ impl WatermarkTracker {
         for (index, entry) in self.window.iter_mut().enumerate() {
             if entry.0 >= offset {
                 first_gone.get_or_insert(self.head_seq + index as Seq);
+                if entry.1 == Entry::Finished {
+                    self.finished -= 1;
+                }
                 entry.1 = Entry::Gone;
             }
         }
@@ -164,11 +173,17 @@ impl WatermarkTracker {
 
     /// Offsets above the watermark that are already finished (for commit metadata).
     pub fn finished_above(&self) -> Vec<Offset> {
-        self.window
-            .iter()
-            .filter(|(_, state)| *state == Entry::Finished)
-            .map(|(offset, _)| *offset)
-            .collect()
+        let mut above = Vec::with_capacity(self.finished);
+        if self.finished > 0 {
+            above.extend(
+                self.window
+                    .iter()
+                    .filter(|(_, state)| *state == Entry::Finished)
+                    .map(|(offset, _)| *offset),
+            );
+        }
+        debug_assert_eq!(above.len(), self.finished);
+        above
     }
 
     /// Messages received and not yet below the watermark.
@@ -275,10 +290,25 @@ mod tests {
         assert!(t.receive(2).is_ok());
     }
 
+    #[test]
+    fn a_finished_offset_truncated_away_is_no_longer_reported_above() {
+        let mut t = WatermarkTracker::new(None);
+        t.receive(0).unwrap();
+        t.receive(1).unwrap();
+        let c = t.receive(2).unwrap();
+        assert_eq!(t.finish(c), Progress::Above);
+        assert_eq!(t.finished_above(), vec![2]);
+        t.truncate(1);
+        assert!(t.finished_above().is_empty());
+        let again = t.receive(1).unwrap();
+        assert_eq!(t.finish(again), Progress::Above);
+        assert_eq!(t.finished_above(), vec![1]);
+    }
+
     proptest! {
         /// Random offsets (with gaps) finished in a random order: the watermark never passes
         /// an unfinished offset, always equals the end of the finished prefix, and reaches the
-        /// last offset once all finish.
+        /// last offset once all finish; the finished offsets above it are exactly those.
         #[test]
         fn watermark_never_passes_an_unfinished_offset(
             gaps in proptest::collection::vec(1u64..4, 1..300),
@@ -308,8 +338,14 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(t.window_len(), offsets.len() - prefix);
+                let above: Vec<Offset> = (prefix..offsets.len())
+                    .filter(|&j| finished[j])
+                    .map(|j| offsets[j])
+                    .collect();
+                prop_assert_eq!(t.finished_above(), above);
             }
             prop_assert_eq!(t.watermark(), offsets.last().copied());
+            prop_assert!(t.finished_above().is_empty());
         }
     }
 }
