@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 /// A message's position in its source: a Kafka offset, an AMQP delivery tag, a JetStream
 /// stream sequence. Offsets grow within one ownership of a source but need not be consecutive.
@@ -72,19 +73,25 @@ const KNOWN_NAMES: &[&str] = &[
     crate::dead_letter::DL_GROUP,
 ];
 
+/// Headers kept inside the message itself; more take one allocation. Two is what convoy's own
+/// publishers write (event id, trace context): a transport converting a received message then
+/// allocates nothing for its headers, on the thread that reads them, only to have another
+/// thread free them.
+const INLINE_HEADERS: usize = 2;
+
 /// Ordered message headers; names may repeat, `get` returns the last value of a name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Headers(Vec<(Cow<'static, str>, Bytes)>);
+pub struct Headers(SmallVec<[(Cow<'static, str>, Bytes); INLINE_HEADERS]>);
 
 impl Headers {
     /// Empty headers (no allocation).
     pub const fn new() -> Self {
-        Headers(Vec::new())
+        Headers(SmallVec::new_const())
     }
 
     /// Empty headers with room for `n` entries.
     pub fn with_capacity(n: usize) -> Self {
-        Headers(Vec::with_capacity(n))
+        Headers(SmallVec::with_capacity(n))
     }
 
     /// The last value of `name`, if any.
