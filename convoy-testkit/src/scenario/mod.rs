@@ -252,6 +252,9 @@ pub async fn run(
     let completed = wait_with_progress(&checker, scenario, progress).await;
     let elapsed = started.elapsed().as_secs_f64();
     let engine_report = running.stop().await.map_err(|e| e.to_string())?;
+    // The engine's peak: the baseline below keeps per-key bookkeeping of its own (a million
+    // distinct keys' worth in the largest scenario), which is not the engine's memory.
+    let peak_rss = peak_rss_mb();
     if let Some(releaser) = held {
         releaser.abort();
     }
@@ -281,6 +284,7 @@ pub async fn run(
         stats: engine_report.stats,
         baseline_msg_s: baseline,
         rss_before_mb: rss_before,
+        peak_rss_mb: peak_rss,
         back_pressure: scenario.back_pressure,
     });
     if let Load::Live { rate } = scenario.load {
