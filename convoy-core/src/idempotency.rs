@@ -122,12 +122,17 @@ struct Stripe {
 }
 
 impl Stripe {
+    /// Room for the whole share is reserved at once: a store that grows while it fills rehashes
+    /// its index and moves its ring under the stripe's lock, stalling every lane that waits on
+    /// it — on each of the first `capacity` messages' way to the steady state. (The ring's pages
+    /// become resident only as ids are written to them.)
     fn new(share: usize) -> Self {
+        let share = share.clamp(1, u32::MAX as usize);
         Stripe {
-            index: HashTable::new(),
-            ring: Vec::new(),
+            index: HashTable::with_capacity(share),
+            ring: Vec::with_capacity(share),
             next: 0,
-            share: share.clamp(1, u32::MAX as usize),
+            share,
         }
     }
 
