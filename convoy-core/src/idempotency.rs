@@ -5,13 +5,15 @@
 //! event is skipped. The in-memory store forgets the oldest ids past its capacity and does not
 //! survive a restart; external side effects still need idempotent downstream services.
 
-use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::any::Any;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use hashbrown::HashTable;
 
-use crate::message::{EventId, Offset, SourceId};
+use crate::message::{EventId, Message, Offset, SourceId, EVENT_ID_HEADER};
 
 /// Remembers which events were finished.
 ///
@@ -84,9 +86,9 @@ enum Stored {
 const INLINE: usize = 38;
 
 impl Stored {
-    fn of(id: &EventId) -> Self {
+    fn of(id: IdRef<'_>) -> Self {
         match id {
-            EventId::Header(b) if b.len() <= INLINE => {
+            IdRef::Header(b) if b.len() <= INLINE => {
                 let mut bytes = [0; INLINE];
                 bytes[..b.len()].copy_from_slice(b);
                 Stored::Inline {
@@ -94,16 +96,16 @@ impl Stored {
                     bytes,
                 }
             }
-            EventId::Header(b) => Stored::Heap(b.as_ref().into()),
-            EventId::Position(source, offset) => Stored::Position(source.clone(), *offset),
+            IdRef::Header(b) => Stored::Heap(b.into()),
+            IdRef::Position(source, offset) => Stored::Position(source.clone(), offset),
         }
     }
 
-    fn matches(&self, id: &EventId) -> bool {
+    fn matches(&self, id: IdRef<'_>) -> bool {
         match (self, id) {
-            (Stored::Inline { len, bytes }, EventId::Header(b)) => &bytes[..usize::from(*len)] == b.as_ref(),
-            (Stored::Heap(own), EventId::Header(b)) => own.as_ref() == b.as_ref(),
-            (Stored::Position(s, o), EventId::Position(source, offset)) => o == offset && s == source,
+            (Stored::Inline { len, bytes }, IdRef::Header(b)) => &bytes[..usize::from(*len)] == b,
+            (Stored::Heap(own), IdRef::Header(b)) => own.as_ref() == b,
+            (Stored::Position(s, o), IdRef::Position(source, offset)) => *o == offset && s == source,
             _ => false,
         }
     }
@@ -136,7 +138,7 @@ impl Stripe {
         }
     }
 
-    fn contains(&self, hash: u64, id: &EventId) -> bool {
+    fn contains(&self, hash: u64, id: IdRef<'_>) -> bool {
         let ring = &self.ring;
         self.index
             .find(hash, |&at| {
@@ -146,7 +148,7 @@ impl Stripe {
             .is_some()
     }
 
-    fn insert(&mut self, hash: u64, id: &EventId) {
+    fn insert(&mut self, hash: u64, id: IdRef<'_>) {
         if self.contains(hash, id) {
             return;
         }
@@ -204,32 +206,116 @@ impl Default for MemoryIdempotencyStore {
 #[async_trait]
 impl IdempotencyStore for MemoryIdempotencyStore {
     async fn contains(&self, id: &EventId) -> bool {
-        self.contains_at_once(id)
+        let id = IdRef::from(id);
+        self.contains_hashed(self.hash(id), id)
     }
 
     async fn insert(&self, id: EventId) {
-        self.insert_at_once(id);
+        let id = IdRef::from(&id);
+        self.insert_hashed(self.hash(id), id);
     }
 
     fn contains_now(&self, id: &EventId) -> Option<bool> {
-        Some(self.contains_at_once(id))
+        let id = IdRef::from(id);
+        Some(self.contains_hashed(self.hash(id), id))
     }
 
     fn insert_now(&self, id: EventId) -> Result<(), EventId> {
-        self.insert_at_once(id);
+        let id_ref = IdRef::from(&id);
+        self.insert_hashed(self.hash(id_ref), id_ref);
         Ok(())
     }
 }
 
+/// The engine's fast path: an id borrowed from its message, hashed once for the check and the
+/// record — no clone of the id (whose reference count lives in the received record's buffer,
+/// last written by the thread that read it) and one hash instead of two.
 impl MemoryIdempotencyStore {
-    fn contains_at_once(&self, id: &EventId) -> bool {
-        let hash = self.hasher.hash_one(id);
+    pub(crate) fn hash(&self, id: IdRef<'_>) -> u64 {
+        self.hasher.hash_one(id)
+    }
+
+    pub(crate) fn contains_hashed(&self, hash: u64, id: IdRef<'_>) -> bool {
         self.stripe(hash).contains(hash, id)
     }
 
-    fn insert_at_once(&self, id: EventId) {
-        let hash = self.hasher.hash_one(&id);
-        self.stripe(hash).insert(hash, &id);
+    pub(crate) fn insert_hashed(&self, hash: u64, id: IdRef<'_>) {
+        self.stripe(hash).insert(hash, id);
+    }
+}
+
+/// An event id borrowed from its message (see [`Message::event_id`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum IdRef<'a> {
+    Header(&'a [u8]),
+    Position(&'a SourceId, Offset),
+}
+
+impl<'a> IdRef<'a> {
+    pub(crate) fn of(message: &'a Message) -> Self {
+        match message.headers.get(EVENT_ID_HEADER) {
+            Some(id) => IdRef::Header(id),
+            None => IdRef::Position(&message.source, message.offset),
+        }
+    }
+}
+
+impl<'a> From<&'a EventId> for IdRef<'a> {
+    fn from(id: &'a EventId) -> Self {
+        match id {
+            EventId::Header(b) => IdRef::Header(b),
+            EventId::Position(source, offset) => IdRef::Position(source, *offset),
+        }
+    }
+}
+
+/// One hash for both forms of an id, so the engine's borrowed ids and a caller's [`EventId`]s
+/// find each other in one store.
+impl Hash for IdRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self {
+            IdRef::Header(b) => {
+                state.write_u8(0);
+                state.write(b);
+            }
+            IdRef::Position(source, offset) => {
+                state.write_u8(1);
+                state.write(source.as_str().as_bytes());
+                state.write_u64(*offset);
+            }
+        }
+    }
+}
+
+impl fmt::Display for IdRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdRef::Header(id) => f.write_str(&String::from_utf8_lossy(id)),
+            IdRef::Position(source, offset) => write!(f, "{source}@{offset}"),
+        }
+    }
+}
+
+/// The store an engine records ids in: its own in-memory kind is called directly, any other
+/// through the trait.
+#[derive(Clone)]
+pub(crate) enum Idempotency {
+    Memory(Arc<MemoryIdempotencyStore>),
+    Custom(Arc<dyn IdempotencyStore>),
+}
+
+impl Idempotency {
+    /// `store`, recognised when it is (a shared) [`MemoryIdempotencyStore`].
+    pub(crate) fn of<S: IdempotencyStore>(store: S) -> Self {
+        let store = Arc::new(store);
+        let any: Arc<dyn Any + Send + Sync> = store.clone();
+        if let Ok(memory) = any.clone().downcast::<MemoryIdempotencyStore>() {
+            return Idempotency::Memory(memory);
+        }
+        if let Ok(shared) = any.downcast::<Arc<MemoryIdempotencyStore>>() {
+            return Idempotency::Memory(Arc::clone(&shared));
+        }
+        Idempotency::Custom(store)
     }
 }
 
@@ -264,19 +350,22 @@ mod tests {
     fn a_stripe_remembers_exactly_its_newest_share() {
         let store = MemoryIdempotencyStore::new(STRIPES);
         let mut stripe = Stripe::new(16);
-        let id = |i: u64| EventId::Position(SourceId::new("s"), i);
+        let source = SourceId::new("s");
+        let id = |i: u64| IdRef::Position(&source, i);
         for i in 0..1_000u64 {
-            let hash = store.hasher.hash_one(id(i));
-            stripe.insert(hash, &id(i));
-            stripe.insert(hash, &id(i)); // a repeat is not a new id
+            let hash = store.hash(id(i));
+            stripe.insert(hash, id(i));
+            stripe.insert(hash, id(i)); // a repeat is not a new id
             assert_eq!(stripe.index.len(), (i as usize + 1).min(16));
             for newer in i.saturating_sub(15)..=i {
-                let hash = store.hasher.hash_one(id(newer));
-                assert!(stripe.contains(hash, &id(newer)), "{newer} forgotten at {i}");
+                assert!(
+                    stripe.contains(store.hash(id(newer)), id(newer)),
+                    "{newer} forgotten at {i}"
+                );
             }
         }
         for older in 0..984 {
-            assert!(!stripe.contains(store.hasher.hash_one(id(older)), &id(older)));
+            assert!(!stripe.contains(store.hash(id(older)), id(older)));
         }
     }
 
@@ -299,6 +388,57 @@ mod tests {
             record.try_into_mut().is_ok(),
             "the store pins the whole 64 KiB record for a 5-byte id"
         );
+    }
+
+    #[tokio::test]
+    async fn the_engines_borrowed_ids_and_owned_ids_find_each_other() {
+        let store = MemoryIdempotencyStore::new(1_000);
+        let mut headers = crate::message::Headers::new();
+        headers.append(EVENT_ID_HEADER, "0123456789abcdef0123456789abcdef");
+        let stamped = Message {
+            key: None,
+            payload: Bytes::new(),
+            headers,
+            source: SourceId::new("t/0"),
+            offset: 3,
+        };
+        let plain = Message {
+            headers: crate::message::Headers::new(),
+            offset: 4,
+            ..stamped.clone()
+        };
+        let id = IdRef::of(&stamped);
+        assert!(matches!(id, IdRef::Header(_)));
+        store.insert_hashed(store.hash(id), id);
+        assert!(store.contains(&stamped.event_id()).await);
+        assert!(!store.contains(&plain.event_id()).await);
+        store.insert(plain.event_id()).await;
+        let id = IdRef::of(&plain);
+        assert!(matches!(id, IdRef::Position(_, 4)));
+        assert!(store.contains_hashed(store.hash(id), id));
+        assert_eq!(id.to_string(), plain.event_id().to_string());
+    }
+
+    #[test]
+    fn an_engine_recognises_its_own_store_shared_or_not() {
+        struct Elsewhere;
+        #[async_trait]
+        impl IdempotencyStore for Elsewhere {
+            async fn contains(&self, _id: &EventId) -> bool {
+                false
+            }
+            async fn insert(&self, _id: EventId) {}
+        }
+        assert!(matches!(
+            Idempotency::of(MemoryIdempotencyStore::new(10)),
+            Idempotency::Memory(_)
+        ));
+        let shared = Arc::new(MemoryIdempotencyStore::new(10));
+        assert!(
+            matches!(Idempotency::of(shared.clone()), Idempotency::Memory(s) if Arc::ptr_eq(&s, &shared)),
+            "a shared store stays the one store"
+        );
+        assert!(matches!(Idempotency::of(Elsewhere), Idempotency::Custom(_)));
     }
 
     #[tokio::test]

@@ -18,7 +18,7 @@ use super::slots::CallSlots;
 use super::stats::ShardStats;
 use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 use crate::handler::{Delivery, ErrorClass, Handler, HandlerError};
-use crate::idempotency::IdempotencyStore;
+use crate::idempotency::{IdRef, Idempotency, IdempotencyStore, MemoryIdempotencyStore};
 use crate::message::{EventId, Message};
 use crate::metrics::LaneMetrics;
 use crate::retry::{Backoff, OnExhausted, RetryPolicy};
@@ -33,7 +33,7 @@ pub(crate) struct LaneContext {
     pub retry: RetryPolicy,
     pub dead_letter_backoff: Backoff,
     pub sink: Arc<dyn DeadLetterSink>,
-    pub idempotency: Option<Arc<dyn IdempotencyStore>>,
+    pub idempotency: Option<Idempotency>,
     pub reject_keyless: bool,
     pub max_payload_bytes: Option<usize>,
     pub group: String,
@@ -211,20 +211,12 @@ impl Lane<'_> {
         if self.fenced() {
             return Outcome::Fenced;
         }
-        let event_id = ctx.idempotency.as_ref().map(|_| message.event_id());
-        let check = |id: &EventId| self.check_duplicate || matches!(id, EventId::Header(_));
-        if let (Some(store), Some(id)) = (&ctx.idempotency, &event_id) {
-            let seen = match (check(id), (**store).contains_now(id)) {
-                (false, _) => false,
-                (true, Some(answer)) => answer,
-                (true, None) => (**store).contains(id).await,
-            };
-            if seen {
-                tracing::debug!(event_id = %id, "skipping duplicate");
-                stats.duplicates.fetch_add(1, Relaxed);
-                ctx.metrics.duplicates.increment(1);
-                return Outcome::Duplicate;
-            }
+        let id = Remembered::of(ctx.idempotency.as_ref(), &message);
+        if id.seen(self.check_duplicate).await {
+            tracing::debug!(event_id = %id, "skipping duplicate");
+            stats.duplicates.fetch_add(1, Relaxed);
+            ctx.metrics.duplicates.increment(1);
+            return Outcome::Duplicate;
         }
 
         let outcome = match screen(ctx, &message) {
@@ -236,7 +228,10 @@ impl Lane<'_> {
                 Err(failure) => Box::pin(self.after_failure(&message, received, &span, failure)).await,
             },
         };
-        self.remember(event_id, outcome).await
+        if !matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced) {
+            id.remember().await;
+        }
+        outcome
     }
 
     /// Dead-letters input refused before any attempt.
@@ -343,19 +338,70 @@ impl Lane<'_> {
             now = (Instant::now(), SystemTime::now());
         }
     }
+}
 
-    /// Records a finished message's event id (not one left unfinished by a fatal sink error).
-    async fn remember(&self, event_id: Option<EventId>, outcome: Outcome) -> Outcome {
-        if let (Some(store), Some(id), false) = (
-            &self.ctx.idempotency,
-            event_id,
-            matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced),
-        ) {
-            if let Err(id) = (**store).insert_now(id) {
-                (**store).insert(id).await;
+/// A message's event id as its lane holds it from the duplicate check to the record (after
+/// handling or dead-lettering; never for a message left unfinished): borrowed and hashed once
+/// for the engine's in-memory store, owned for any other.
+enum Remembered<'m> {
+    Off,
+    Memory(&'m MemoryIdempotencyStore, u64, IdRef<'m>),
+    Custom(&'m dyn IdempotencyStore, EventId),
+}
+
+impl<'m> Remembered<'m> {
+    fn of(store: Option<&'m Idempotency>, message: &'m Message) -> Self {
+        match store {
+            None => Remembered::Off,
+            Some(Idempotency::Memory(store)) => {
+                let id = IdRef::of(message);
+                Remembered::Memory(store, store.hash(id), id)
+            }
+            Some(Idempotency::Custom(store)) => Remembered::Custom(&**store, message.event_id()),
+        }
+    }
+
+    /// True when the id was finished before. `check_position` is false for a message at an
+    /// offset rewritten after a position reset: an id derived from its position would match the
+    /// message the offset held before, so only a header id is checked.
+    async fn seen(&self, check_position: bool) -> bool {
+        match self {
+            Remembered::Off => false,
+            Remembered::Memory(store, hash, id) => {
+                (check_position || matches!(id, IdRef::Header(_))) && store.contains_hashed(*hash, *id)
+            }
+            Remembered::Custom(store, id) => {
+                if !(check_position || matches!(id, EventId::Header(_))) {
+                    return false;
+                }
+                match store.contains_now(id) {
+                    Some(answer) => answer,
+                    None => store.contains(id).await,
+                }
             }
         }
-        outcome
+    }
+
+    async fn remember(self) {
+        match self {
+            Remembered::Off => {}
+            Remembered::Memory(store, hash, id) => store.insert_hashed(hash, id),
+            Remembered::Custom(store, id) => {
+                if let Err(id) = store.insert_now(id) {
+                    store.insert(id).await;
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Remembered<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Remembered::Off => Ok(()),
+            Remembered::Memory(_, _, id) => id.fmt(f),
+            Remembered::Custom(_, id) => id.fmt(f),
+        }
     }
 }
 

@@ -31,7 +31,7 @@ use self::stats::EngineStats;
 use crate::config::{ConfigError, EngineConfig};
 use crate::dead_letter::DeadLetterSink;
 use crate::handler::Handler;
-use crate::idempotency::{IdempotencyStore, MemoryIdempotencyStore};
+use crate::idempotency::{Idempotency, IdempotencyStore, MemoryIdempotencyStore};
 use crate::message::{Offset, SourceId};
 use crate::metrics::LaneMetrics;
 use crate::transport::{Subscription, Transport, TransportError};
@@ -72,7 +72,7 @@ pub struct EngineBuilder {
     handler: Arc<dyn Handler>,
     config: EngineConfig,
     sink: Option<Arc<dyn DeadLetterSink>>,
-    idempotency: Option<Arc<dyn IdempotencyStore>>,
+    idempotency: Option<Idempotency>,
 }
 
 impl EngineBuilder {
@@ -90,7 +90,7 @@ impl EngineBuilder {
 
     /// Replaces the default in-memory idempotency store (100,000 ids).
     pub fn idempotency_store(mut self, store: impl IdempotencyStore) -> Self {
-        self.idempotency = Some(Arc::new(store));
+        self.idempotency = Some(Idempotency::of(store));
         self
     }
 
@@ -139,7 +139,7 @@ impl Engine {
             handler: Arc::new(handler),
             config: EngineConfig::default(),
             sink: None,
-            idempotency: Some(Arc::new(MemoryIdempotencyStore::default())),
+            idempotency: Some(Idempotency::Memory(Arc::new(MemoryIdempotencyStore::default()))),
         }
     }
 
