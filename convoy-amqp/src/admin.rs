@@ -18,7 +18,7 @@ use crate::topology;
 /// Checks that RabbitMQ answers (connects and closes at once).
 pub async fn check_reachable(config: &AmqpConfig) -> Result<(), TransportError> {
     let connection = connect(config, "check").await?;
-    let _ = connection.close(200, "checked".into()).await;
+    crate::connect::close(&connection, "checked").await;
     Ok(())
 }
 
@@ -33,7 +33,7 @@ pub async fn create_topics(config: &AmqpConfig, topics: &[(&str, u32)]) -> Resul
         Ok::<(), TransportError>(())
     }
     .await;
-    let _ = connection.close(200, "done".into()).await;
+    crate::connect::close(&connection, "done").await;
     result
 }
 
@@ -43,7 +43,7 @@ pub async fn create_stream(config: &AmqpConfig, name: &str) -> Result<(), Transp
     let result = topology::declare_stream(&connection, name)
         .await
         .map_err(TransportError::from);
-    let _ = connection.close(200, "done".into()).await;
+    crate::connect::close(&connection, "done").await;
     result
 }
 
@@ -117,7 +117,7 @@ pub async fn read_stream(
         Ok::<Vec<Message>, TransportError>(messages)
     }
     .await;
-    let _ = connection.close(200, "done".into()).await;
+    crate::connect::close(&connection, "done").await;
     result
 }
 
@@ -141,6 +141,6 @@ pub async fn delete_topic(
         Ok::<(), TransportError>(())
     }
     .await;
-    let _ = connection.close(200, "done".into()).await;
+    crate::connect::close(&connection, "done").await;
     result
 }

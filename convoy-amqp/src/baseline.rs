@@ -91,6 +91,6 @@ pub async fn bare_drain(
         }
     }
     let elapsed = started.map_or(f64::INFINITY, |s| s.elapsed().as_secs_f64());
-    let _ = connection.close(200, "done".into()).await;
+    crate::connect::close(&connection, "done").await;
     Ok(seen as f64 / elapsed)
 }

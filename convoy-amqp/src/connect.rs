@@ -49,3 +49,17 @@ pub async fn connect(config: &AmqpConfig, role: &str) -> Result<Connection, Tran
     });
     Ok(connection)
 }
+
+/// How long a goodbye may take. lapin can leave `close` waiting forever when the socket goes
+/// first (seen once in CI: the broker logged "client unexpectedly closed TCP connection" and the
+/// dead-letter read's close never returned); what the connection was for is done by then.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Closes `connection` with `reason`, giving up after [`CLOSE_TIMEOUT`].
+pub async fn close(connection: &Connection, reason: &str) {
+    match tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, reason.into())).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "closing the RabbitMQ connection"),
+        Err(_) => tracing::debug!("closing the RabbitMQ connection took over {CLOSE_TIMEOUT:?}; leaving it"),
+    }
+}

@@ -440,9 +440,7 @@ impl Session {
             )
             .await;
         }
-        if let Err(e) = self.connection.close(200, "leaving".into()).await {
-            tracing::debug!(error = %e, "closing the connection");
-        }
+        crate::connect::close(&self.connection, "leaving").await;
         tracing::info!(group = %self.shared.config.group, "left the group");
     }
 }
