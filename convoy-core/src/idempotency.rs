@@ -6,14 +6,13 @@
 //! survive a restart; external side effects still need idempotent downstream services.
 
 use std::any::Any;
-use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use hashbrown::HashTable;
 
-use crate::message::{EventId, Message, Offset, SourceId, EVENT_ID_HEADER};
+use crate::message::{EventId, IdRef, Offset, SourceId};
 
 /// Remembers which events were finished.
 ///
@@ -96,15 +95,15 @@ impl Stored {
                     bytes,
                 }
             }
-            IdRef::Header(b) => Stored::Heap(b.into()),
+            IdRef::Header(b) => Stored::Heap(b.as_ref().into()),
             IdRef::Position(source, offset) => Stored::Position(source.clone(), offset),
         }
     }
 
     fn matches(&self, id: IdRef<'_>) -> bool {
         match (self, id) {
-            (Stored::Inline { len, bytes }, IdRef::Header(b)) => &bytes[..usize::from(*len)] == b,
-            (Stored::Heap(own), IdRef::Header(b)) => own.as_ref() == b,
+            (Stored::Inline { len, bytes }, IdRef::Header(b)) => &bytes[..usize::from(*len)] == b.as_ref(),
+            (Stored::Heap(own), IdRef::Header(b)) => own.as_ref() == b.as_ref(),
             (Stored::Position(s, o), IdRef::Position(source, offset)) => *o == offset && s == source,
             _ => false,
         }
@@ -206,23 +205,19 @@ impl Default for MemoryIdempotencyStore {
 #[async_trait]
 impl IdempotencyStore for MemoryIdempotencyStore {
     async fn contains(&self, id: &EventId) -> bool {
-        let id = IdRef::from(id);
-        self.contains_hashed(self.hash(id), id)
+        self.contains_id(id.into())
     }
 
     async fn insert(&self, id: EventId) {
-        let id = IdRef::from(&id);
-        self.insert_hashed(self.hash(id), id);
+        self.insert_id((&id).into());
     }
 
     fn contains_now(&self, id: &EventId) -> Option<bool> {
-        let id = IdRef::from(id);
-        Some(self.contains_hashed(self.hash(id), id))
+        Some(self.contains_id(id.into()))
     }
 
     fn insert_now(&self, id: EventId) -> Result<(), EventId> {
-        let id_ref = IdRef::from(&id);
-        self.insert_hashed(self.hash(id_ref), id_ref);
+        self.insert_id((&id).into());
         Ok(())
     }
 }
@@ -242,57 +237,13 @@ impl MemoryIdempotencyStore {
     pub(crate) fn insert_hashed(&self, hash: u64, id: IdRef<'_>) {
         self.stripe(hash).insert(hash, id);
     }
-}
 
-/// An event id borrowed from its message (see [`Message::event_id`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum IdRef<'a> {
-    Header(&'a [u8]),
-    Position(&'a SourceId, Offset),
-}
-
-impl<'a> IdRef<'a> {
-    pub(crate) fn of(message: &'a Message) -> Self {
-        match message.headers.get(EVENT_ID_HEADER) {
-            Some(id) => IdRef::Header(id),
-            None => IdRef::Position(&message.source, message.offset),
-        }
+    fn contains_id(&self, id: IdRef<'_>) -> bool {
+        self.contains_hashed(self.hash(id), id)
     }
-}
 
-impl<'a> From<&'a EventId> for IdRef<'a> {
-    fn from(id: &'a EventId) -> Self {
-        match id {
-            EventId::Header(b) => IdRef::Header(b),
-            EventId::Position(source, offset) => IdRef::Position(source, *offset),
-        }
-    }
-}
-
-/// One hash for both forms of an id, so the engine's borrowed ids and a caller's [`EventId`]s
-/// find each other in one store.
-impl Hash for IdRef<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        match self {
-            IdRef::Header(b) => {
-                state.write_u8(0);
-                state.write(b);
-            }
-            IdRef::Position(source, offset) => {
-                state.write_u8(1);
-                state.write(source.as_str().as_bytes());
-                state.write_u64(*offset);
-            }
-        }
-    }
-}
-
-impl fmt::Display for IdRef<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            IdRef::Header(id) => f.write_str(&String::from_utf8_lossy(id)),
-            IdRef::Position(source, offset) => write!(f, "{source}@{offset}"),
-        }
+    fn insert_id(&self, id: IdRef<'_>) {
+        self.insert_hashed(self.hash(id), id);
     }
 }
 
@@ -323,6 +274,7 @@ impl Idempotency {
 mod tests {
     use super::*;
     use crate::message::SourceId;
+    use crate::message::{Message, EVENT_ID_HEADER};
     use bytes::Bytes;
 
     #[tokio::test]

@@ -171,10 +171,7 @@ pub struct Message {
 impl Message {
     /// The stable event id: the `convoy-event-id` header if present, else source and offset.
     pub fn event_id(&self) -> EventId {
-        match self.headers.get(EVENT_ID_HEADER) {
-            Some(id) => EventId::Header(id.clone()),
-            None => EventId::Position(self.source.clone(), self.offset),
-        }
+        IdRef::of(self).to_owned()
     }
 
     /// The key that orders this message: its key, unless it has none or an empty one. Some
@@ -211,9 +208,69 @@ pub enum EventId {
 
 impl fmt::Display for EventId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        IdRef::from(self).fmt(f)
+    }
+}
+
+/// An event id borrowed from its message: what the engine checks and records with its own
+/// in-memory store, without cloning the id (whose reference count lives in the received
+/// record's buffer, last written by the thread that read it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum IdRef<'a> {
+    Header(&'a Bytes),
+    Position(&'a SourceId, Offset),
+}
+
+impl<'a> IdRef<'a> {
+    /// The message's stable event id: the `convoy-event-id` header if present, else source
+    /// and offset.
+    pub(crate) fn of(message: &'a Message) -> Self {
+        match message.headers.get(EVENT_ID_HEADER) {
+            Some(id) => IdRef::Header(id),
+            None => IdRef::Position(&message.source, message.offset),
+        }
+    }
+
+    pub(crate) fn to_owned(self) -> EventId {
         match self {
-            EventId::Header(id) => f.write_str(&String::from_utf8_lossy(id)),
-            EventId::Position(source, offset) => write!(f, "{source}@{offset}"),
+            IdRef::Header(id) => EventId::Header(id.clone()),
+            IdRef::Position(source, offset) => EventId::Position(source.clone(), offset),
+        }
+    }
+}
+
+impl<'a> From<&'a EventId> for IdRef<'a> {
+    fn from(id: &'a EventId) -> Self {
+        match id {
+            EventId::Header(b) => IdRef::Header(b),
+            EventId::Position(source, offset) => IdRef::Position(source, *offset),
+        }
+    }
+}
+
+/// One hash for both forms of an id, so the engine's borrowed ids and a caller's [`EventId`]s
+/// find each other in one store.
+impl std::hash::Hash for IdRef<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            IdRef::Header(b) => {
+                state.write_u8(0);
+                state.write(b);
+            }
+            IdRef::Position(source, offset) => {
+                state.write_u8(1);
+                state.write(source.as_str().as_bytes());
+                state.write_u64(*offset);
+            }
+        }
+    }
+}
+
+impl fmt::Display for IdRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdRef::Header(id) => f.write_str(&String::from_utf8_lossy(id)),
+            IdRef::Position(source, offset) => write!(f, "{source}@{offset}"),
         }
     }
 }

@@ -18,8 +18,8 @@ use super::slots::CallSlots;
 use super::stats::ShardStats;
 use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 use crate::handler::{Delivery, ErrorClass, Handler, HandlerError};
-use crate::idempotency::{IdRef, Idempotency, IdempotencyStore, MemoryIdempotencyStore};
-use crate::message::{EventId, Message};
+use crate::idempotency::{Idempotency, IdempotencyStore, MemoryIdempotencyStore};
+use crate::message::{EventId, IdRef, Message};
 use crate::metrics::LaneMetrics;
 use crate::retry::{Backoff, OnExhausted, RetryPolicy};
 use crate::trace_context::TraceContext;
@@ -367,19 +367,20 @@ impl<'m> Remembered<'m> {
     async fn seen(&self, check_position: bool) -> bool {
         match self {
             Remembered::Off => false,
-            Remembered::Memory(store, hash, id) => {
-                (check_position || matches!(id, IdRef::Header(_))) && store.contains_hashed(*hash, *id)
-            }
-            Remembered::Custom(store, id) => {
-                if !(check_position || matches!(id, EventId::Header(_))) {
-                    return false;
-                }
-                match store.contains_now(id) {
-                    Some(answer) => answer,
-                    None => store.contains(id).await,
-                }
-            }
+            _ if !(check_position || self.is_header_id()) => false,
+            Remembered::Memory(store, hash, id) => store.contains_hashed(*hash, *id),
+            Remembered::Custom(store, id) => match store.contains_now(id) {
+                Some(answer) => answer,
+                None => store.contains(id).await,
+            },
         }
+    }
+
+    fn is_header_id(&self) -> bool {
+        matches!(
+            self,
+            Remembered::Memory(_, _, IdRef::Header(_)) | Remembered::Custom(_, EventId::Header(_))
+        )
     }
 
     async fn remember(self) {
