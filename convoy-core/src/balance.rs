@@ -6,6 +6,16 @@
 //! `S mod M` *extra tokens* one more. The shares add up to S exactly, so once membership is
 //! stable a member under its share always finds a free partition, and every member ends within
 //! ±1 of S/M.
+//!
+//! A partition a member won but could not start is [`Cooling`]: skipped for a while, so one
+//! broken partition neither stalls the member nor is hammered.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::SourceId;
 
 /// The shares of `sources` partitions among `members` members.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,10 +72,76 @@ pub fn rotation(total: usize, seed: u64) -> impl Iterator<Item = usize> {
     (0..total).map(move |i| (start + i) % total)
 }
 
+/// Partitions a member could not start, each skipped until a delay has passed that doubles
+/// with every failure in a row (from 500 ms up to 10 s): the member serves the others meanwhile.
+#[derive(Debug, Default)]
+pub struct Cooling {
+    /// Per source: skipped until, and the delay its next failure waits.
+    waits: HashMap<SourceId, (Instant, Duration)>,
+}
+
+impl Cooling {
+    /// The delay after a first failure.
+    pub const FIRST: Duration = Duration::from_millis(500);
+    /// The longest delay.
+    pub const MAX: Duration = Duration::from_secs(10);
+
+    /// True while `source` waits out its delay.
+    pub fn is_cooling(&self, source: &SourceId) -> bool {
+        self.waits
+            .get(source)
+            .is_some_and(|(until, _)| Instant::now() < *until)
+    }
+
+    /// `source` started: a later failure starts again from the first delay.
+    pub fn started(&mut self, source: &SourceId) {
+        self.waits.remove(source);
+    }
+
+    /// `source` could not be started: it is skipped for the returned delay.
+    pub fn failed(&mut self, source: SourceId) -> Duration {
+        let wait = self.waits.get(&source).map_or(Self::FIRST, |(_, next)| *next);
+        self.waits
+            .insert(source, (Instant::now() + wait, (wait * 2).min(Self::MAX)));
+        wait
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_partition_cools_longer_each_time_until_it_starts() {
+        let (mut cooling, p) = (Cooling::default(), SourceId::partition("t", 0));
+        assert!(!cooling.is_cooling(&p));
+        let waits: Vec<Duration> = (0..7).map(|_| cooling.failed(p.clone())).collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(
+            waits,
+            [
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(4000),
+                ms(8000),
+                ms(10_000),
+                ms(10_000)
+            ]
+        );
+        assert!(cooling.is_cooling(&p));
+        assert!(
+            !cooling.is_cooling(&SourceId::partition("t", 1)),
+            "only the failed one"
+        );
+        tokio::time::advance(ms(9_999)).await;
+        assert!(cooling.is_cooling(&p));
+        tokio::time::advance(ms(1)).await;
+        assert!(!cooling.is_cooling(&p));
+        cooling.started(&p);
+        assert_eq!(cooling.failed(p), ms(500), "a start resets the delay");
+    }
 
     #[test]
     fn eight_partitions_over_three_members() {

@@ -28,7 +28,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use convoy_core::balance::{rotation, surplus, FairShare};
+use convoy_core::balance::{rotation, surplus, Cooling, FairShare};
 use convoy_core::{Assignment, RevokeAck, SourceEvent, SourceId, TransportError};
 use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
@@ -50,10 +50,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// node restart, until its Raft group recovers) lets `basic.consume` hang, and the broker ends
 /// the whole connection about a minute later.
 const CONSUME_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// After a partition could not be taken, the wait before trying it again (then doubled, up to
-/// [`MAX_BACKOFF`]): the other partitions are served meanwhile.
-const RETRY_PARTITION: Duration = Duration::from_millis(500);
 
 /// A partition this member holds.
 struct Held {
@@ -83,8 +79,8 @@ pub(super) struct Session {
     token: Option<u32>,
     held: HashMap<SourceId, Held>,
     taken: u64,
-    /// Partitions that could not be taken: when to try again, and the wait after that.
-    cooling: HashMap<SourceId, (Instant, Duration)>,
+    /// Partitions that could not be taken, skipped for a while.
+    cooling: Cooling,
     ended_tx: mpsc::UnboundedSender<SourceId>,
     ended_rx: mpsc::UnboundedReceiver<SourceId>,
 }
@@ -147,7 +143,7 @@ impl Session {
             token: None,
             held: HashMap::new(),
             taken: 0,
-            cooling: HashMap::new(),
+            cooling: Cooling::default(),
             ended_tx,
             ended_rx,
         })
@@ -251,12 +247,7 @@ impl Session {
             }
             let (topic, p) = &partitions[i];
             let source = SourceId::partition(topic, *p);
-            if self.held.contains_key(&source)
-                || self
-                    .cooling
-                    .get(&source)
-                    .is_some_and(|(until, _)| Instant::now() < *until)
-            {
+            if self.held.contains_key(&source) || self.cooling.is_cooling(&source) {
                 continue;
             }
             if topology::try_lock(&self.connection, &topology::owner_lock(topic, &group, *p)).await? {
@@ -276,14 +267,12 @@ impl Session {
         for ((topic, p, source), opened) in locked.into_iter().zip(opened) {
             match opened {
                 Ok((queue, channel, consumer)) => {
-                    self.cooling.remove(&source);
+                    self.cooling.started(&source);
                     self.register(&topic, p, queue, channel, consumer);
                 }
                 Err(e) => {
-                    let wait = self.cooling.get(&source).map_or(RETRY_PARTITION, |(_, w)| *w);
+                    let wait = self.cooling.failed(source.clone());
                     tracing::warn!(%source, error = %e, retry_in = ?wait, "could not take the partition; serving the others meanwhile");
-                    self.cooling
-                        .insert(source, (Instant::now() + wait, (wait * 2).min(MAX_BACKOFF)));
                     self.renew_utility().await;
                     let _ =
                         topology::delete_queue(&self.utility, &topology::owner_lock(&topic, &group, p)).await;

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Operation, Store, UpdateErrorKind};
 use bytes::Bytes;
-use convoy_core::balance::{rotation, surplus, FairShare};
+use convoy_core::balance::{rotation, surplus, Cooling, FairShare};
 use convoy_core::transport::EventSender;
 use convoy_core::{Assignment, Lease, Offset, RevokeAck, SourceEvent, SourceId, TransportError};
 use futures_util::StreamExt;
@@ -46,11 +46,6 @@ use crate::config::NatsConfig;
 use crate::connect::{connect, Connected};
 use crate::error::nats_error;
 use crate::topology;
-
-/// After a partition could not be started, the wait before trying it again (then doubled, up
-/// to [`MAX_COOLING`]): the other partitions are served meanwhile.
-const RETRY_PARTITION: Duration = Duration::from_millis(500);
-const MAX_COOLING: Duration = Duration::from_secs(10);
 
 /// Longest wait for the member count.
 const MEMBERS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -74,7 +69,8 @@ pub(super) struct Session {
     held: HashMap<SourceId, Held>,
     taken: u64,
     serial: Arc<AtomicU64>,
-    cooling: HashMap<SourceId, (Instant, Duration)>,
+    /// Partitions that could not be started, skipped for a while.
+    cooling: Cooling,
 }
 
 /// Every partition of the subscribed topics, in a stable order.
@@ -107,7 +103,7 @@ impl Session {
             held: HashMap::new(),
             taken: 0,
             serial: Arc::default(),
-            cooling: HashMap::new(),
+            cooling: Cooling::default(),
         };
         session.announce().await?;
         tokio::spawn(leases::keep(leases));
@@ -232,12 +228,7 @@ impl Session {
             }
             let (topic, p) = &partitions[i];
             let source = SourceId::partition(topic, *p);
-            if self.held.contains_key(&source)
-                || self
-                    .cooling
-                    .get(&source)
-                    .is_some_and(|(until, _)| Instant::now() < *until)
-            {
+            if self.held.contains_key(&source) || self.cooling.is_cooling(&source) {
                 continue;
             }
             let key = topology::partition_key(topic, *p);
@@ -260,14 +251,12 @@ impl Session {
             let source = SourceId::partition(&topic, p);
             match prepared {
                 Ok(start) => {
-                    self.cooling.remove(&source);
+                    self.cooling.started(&source);
                     self.start(shared, &topic, p, lease, start);
                 }
                 Err(e) => {
-                    let wait = self.cooling.get(&source).map_or(RETRY_PARTITION, |(_, w)| *w);
+                    let wait = self.cooling.failed(source.clone());
                     tracing::warn!(%source, error = %e, retry_in = ?wait, "could not take the partition; serving the others meanwhile");
-                    self.cooling
-                        .insert(source, (Instant::now() + wait, (wait * 2).min(MAX_COOLING)));
                     self.leases.release(&topology::partition_key(&topic, p)).await;
                 }
             }
