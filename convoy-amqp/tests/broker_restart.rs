@@ -13,11 +13,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use convoy_amqp::{admin, AmqpPublisher, AmqpTransport};
-use convoy_core::{Engine, OutgoingMessage, Publisher};
-use convoy_testkit::conformance::test_config;
-use convoy_testkit::probe::{probe_batch, ProbeHandler, RecordingSink};
-use convoy_testkit::OrderChecker;
+use convoy_amqp::{admin, AmqpDeadLetterSink, AmqpPublisher, AmqpTransport};
+use convoy_testkit::support::free_port;
+use convoy_testkit::{restarts, OrderChecker};
 
 /// A private RabbitMQ node (the recipe of shared/brokers.md), stopped when dropped.
 struct Node {
@@ -25,14 +23,6 @@ struct Node {
     name: String,
     port: u16,
     dist_port: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Node {
@@ -47,8 +37,8 @@ impl Node {
         std::fs::write(dir.join("plugins"), "[].").unwrap();
         let node = Node {
             name: format!("convoytest{}@localhost", std::process::id()),
-            port: free_port(),
-            dist_port: free_port(),
+            port: free_port().unwrap(),
+            dist_port: free_port().unwrap(),
             dir,
         };
         std::fs::write(
@@ -146,19 +136,6 @@ impl Drop for Node {
     }
 }
 
-/// Publishes `batch` until the broker confirms it (it may be down): the same messages with the
-/// same event ids each time, so a batch confirmed twice is recognised as duplicates.
-async fn publish_until_confirmed(publisher: &AmqpPublisher, batch: Vec<OutgoingMessage>) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    while let Err(e) = publisher.publish_all(batch.clone()).await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "publishing never succeeded: {e}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_killed_and_restarted_twice_loses_nothing() {
     common::init_tracing();
@@ -170,73 +147,24 @@ async fn a_broker_killed_and_restarted_twice_loses_nothing() {
         eprintln!("skipped: rabbitmq-server is not installed here");
         return;
     };
-    let uri = node.uri();
     let topic = common::unique("convoy-restart");
-    let config = common::test_config(&uri, &common::unique("g"), &topic, 4);
+    let config = common::test_config(&node.uri(), &common::unique("g"), &topic, 4);
     admin::create_topics(&config, &[(&topic, 4)]).await.unwrap();
     let checker = Arc::new(OrderChecker::new());
-    let publisher = AmqpPublisher::new(&config, &topic);
-    let sink = convoy_amqp::AmqpDeadLetterSink::new(&config);
-    let mut engine_config = test_config(&config.group);
-    engine_config.drain_timeout = Duration::from_secs(5);
-    let engine = Engine::builder(ProbeHandler::new(checker.clone()))
-        .config(engine_config)
-        .dead_letter_sink(RecordingSink::new(Arc::new(sink), checker.clone()))
-        .build()
-        .unwrap()
-        .start(&AmqpTransport::new(config.clone()).unwrap())
-        .await
-        .unwrap();
-
+    let engine = restarts::start_engine(
+        &AmqpTransport::new(config.clone()).unwrap(),
+        Arc::new(AmqpDeadLetterSink::new(&config)),
+        &config.group,
+        &checker,
+    )
+    .await;
     // A quorum queue killed within moments of its creation can come back without a Raft leader
     // (RabbitMQ 3.10, seen here: consuming it then hangs); let the queues settle first.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (keys, chunks, per_chunk) = (20usize, 12usize, 200usize);
-    let mut kills = 0;
-    for chunk in 0..chunks {
-        let batch: Vec<OutgoingMessage> =
-            probe_batch(&checker, "key-", keys, chunk * per_chunk, per_chunk, 0)
-                .into_iter()
-                .map(|m| {
-                    let id = format!(
-                        "{}-{}",
-                        String::from_utf8_lossy(m.key.as_deref().unwrap_or_default()),
-                        String::from_utf8_lossy(&m.payload)
-                    );
-                    m.event_id(id)
-                })
-                .collect();
-        publish_until_confirmed(&publisher, batch).await;
-        // Mid-stream, twice: once some of what was published is handled, kill the node and bring
-        // it back.
-        if (chunk == 3 || chunk == 7) && kills < 2 {
-            let target = checker.published() / 2;
-            assert!(
-                checker
-                    .wait_for(Duration::from_secs(120), |c| c.finished() >= target)
-                    .await,
-                "no progress before the crash: {:?}",
-                checker.report()
-            );
-            tokio::task::block_in_place(|| {
-                node.kill();
-                node.boot();
-            });
-            kills += 1;
-        }
-    }
-    assert!(
-        checker.wait_complete(Duration::from_secs(180)).await,
-        "not everything was handled after two broker crashes: {:?}",
-        checker.report()
-    );
-    engine.stop().await.unwrap();
-    let report = checker.report();
-    println!(
-        "broker restarts: {kills}, published {}, finished {}, redelivered duplicates {}, lost {}, violations {}",
-        report.published, report.finished, report.duplicates, report.lost, report.order_violations
-    );
-    assert_eq!(kills, 2);
-    assert!(report.is_clean(), "{report:#?}");
-    assert_eq!(report.finished, report.published);
+    let publisher = AmqpPublisher::new(&config, &topic);
+    restarts::publish_through_two_crashes(engine, &publisher, &checker, |_| {
+        node.kill();
+        node.boot();
+    })
+    .await;
 }

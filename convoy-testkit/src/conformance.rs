@@ -17,7 +17,7 @@ use convoy_core::dead_letter::{
 };
 use convoy_core::{
     typed, BackPressure, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError,
-    Message, Offset, OutgoingMessage, Publisher, Receipt, RetryPolicy, SourceId, Subscription,
+    Message, Offset, OutgoingMessage, Publisher, Receipt, RetryPolicy, SourceId, Subscription, Transport,
     TransportError,
 };
 
@@ -52,17 +52,40 @@ pub enum Positions {
     Delivery,
 }
 
+/// What every bed has, whatever the transport: where to publish, where dead letters go, the
+/// group, and the transport its members join through.
+pub struct BedParts {
+    /// Publishes keyed messages to the bed's sources.
+    pub publisher: Arc<dyn Publisher>,
+    /// The transport's native dead-letter sink for this bed.
+    pub dead_letter_sink: Arc<dyn DeadLetterSink>,
+    /// The consumer group name.
+    pub group: String,
+    /// The transport configured for the bed's topic and group.
+    pub transport: Arc<dyn Transport>,
+}
+
 /// An isolated environment for one case.
 #[async_trait]
 pub trait TestBed: Send + Sync {
+    /// The bed's publisher, sink, group and transport.
+    fn parts(&self) -> &BedParts;
     /// Publishes keyed messages to the bed's sources.
-    fn publisher(&self) -> Arc<dyn Publisher>;
+    fn publisher(&self) -> Arc<dyn Publisher> {
+        self.parts().publisher.clone()
+    }
     /// The transport's native dead-letter sink for this bed.
-    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink>;
+    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
+        self.parts().dead_letter_sink.clone()
+    }
     /// The consumer group name.
-    fn group(&self) -> &str;
+    fn group(&self) -> &str {
+        &self.parts().group
+    }
     /// Joins the group as a new member.
-    async fn subscribe(&self) -> Result<Subscription, TransportError>;
+    async fn subscribe(&self) -> Result<Subscription, TransportError> {
+        self.parts().transport.subscribe().await
+    }
     /// Reads the dead-letter destination, waiting (bounded) until `expected` are there.
     async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError>;
     /// The group's committed watermarks (transports with [`Positions::Log`]).
@@ -156,7 +179,7 @@ async fn bed(target: &dyn ConformanceTarget, partitions: u32) -> Box<dyn TestBed
     }
 }
 
-fn start(
+pub(crate) fn start(
     bed_sink: Arc<dyn DeadLetterSink>,
     handler: impl Handler,
     config: EngineConfig,
@@ -172,7 +195,7 @@ fn start(
     }
 }
 
-async fn subscribe(bed: &dyn TestBed) -> Subscription {
+pub(crate) async fn subscribe(bed: &dyn TestBed) -> Subscription {
     match bed.subscribe().await {
         Ok(s) => s,
         Err(e) => panic!("subscribe failed: {e}"),
@@ -192,7 +215,7 @@ async fn load(
     }
 }
 
-async fn wait_complete(checker: &OrderChecker, what: &str) {
+pub(crate) async fn wait_complete(checker: &OrderChecker, what: &str) {
     if !checker.wait_complete(LIMIT).await {
         panic!(
             "{what}: not every message finished within {LIMIT:?}: {:?}",
@@ -201,12 +224,12 @@ async fn wait_complete(checker: &OrderChecker, what: &str) {
     }
 }
 
-fn assert_clean(report: &CheckReport, what: &str) {
+pub(crate) fn assert_clean(report: &CheckReport, what: &str) {
     assert!(report.is_clean(), "{what}: {report:#?}");
     assert_eq!(report.finished, report.published, "{what}: {report:#?}");
 }
 
-async fn stop(handle: EngineHandle) -> convoy_core::EngineReport {
+pub(crate) async fn stop(handle: EngineHandle) -> convoy_core::EngineReport {
     match handle.stop().await {
         Ok(r) => r,
         Err(e) => panic!("engine did not stop cleanly: {e}"),

@@ -6,19 +6,25 @@
 //! - [`checker`]: the order checker (violations, losses, duplicates, overlaps);
 //! - [`probe`]: probe messages and the fault-injecting handler that records into the checker;
 //! - [`conformance`]: the suite every transport must pass, with a macro that makes each case a test;
+//! - [`interop`]: messages another language's client produced, consumed in order from the right partitions;
 //! - [`memory`]: the memory transport's conformance target;
 //! - [`ownership`]: scenarios for transports whose members balance partitions themselves;
+//! - [`restarts`]: a broker killed and restarted twice under load, nothing lost;
 //! - [`scenario`]: the benchmark scenario runner (load, latency histogram, order check, baseline);
 //! - [`script`]: a hand-driven subscription, for engine tests that play the transport;
+//! - [`support`]: unique names, test logs, clean-up off the test's runtime, waiting for late arrivals;
 //! - [`timer`]: an async wait that lasts what it is given, for benchmarks' work.
 
 pub mod checker;
 pub mod conformance;
+pub mod interop;
 pub mod memory;
 pub mod ownership;
 pub mod probe;
+pub mod restarts;
 pub mod scenario;
 pub mod script;
+pub mod support;
 pub mod timer;
 
 pub use checker::{CheckReport, OrderChecker};

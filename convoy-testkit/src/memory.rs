@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use convoy_core::{
-    DeadLetterSink, Message, Offset, PrefetchLimit, Publisher, SourceId, Subscription, Transport,
-    TransportError,
+    DeadLetterSink, Message, Offset, PrefetchLimit, Publisher, SourceId, Subscription, TransportError,
 };
 use convoy_memory::baseline::bare_drain_rate;
 use convoy_memory::{MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
 
-use crate::conformance::{Capabilities, ConformanceTarget, TestBed};
+use crate::conformance::{BedParts, Capabilities, ConformanceTarget, TestBed};
 use crate::scenario::{Progress, RecordCheck, Scenario, ScenarioBed, ScenarioReport};
+use crate::support::read_until;
 
 /// Largest batch the memory broker hands out per partition in conformance runs.
 const CONFORMANCE_BATCH: usize = 32;
@@ -61,12 +61,19 @@ impl MemoryTarget {
         let topic = format!("convoy-test-{n}");
         self.broker.create_topic(&topic, partitions);
         let dlq = format!("{topic}.dlq");
+        let group = format!("group-{n}");
         MemoryBed {
-            publisher: Arc::new(MemoryPublisher::new(&self.broker, &topic)),
-            sink: Arc::new(MemoryDeadLetterSink::new(&self.broker, &dlq)),
-            transport: MemoryTransport::new(&self.broker, format!("group-{n}"), &[topic.as_str()]),
+            parts: BedParts {
+                publisher: Arc::new(MemoryPublisher::new(&self.broker, &topic)),
+                dead_letter_sink: Arc::new(MemoryDeadLetterSink::new(&self.broker, &dlq)),
+                transport: Arc::new(MemoryTransport::new(
+                    &self.broker,
+                    group.clone(),
+                    &[topic.as_str()],
+                )),
+                group,
+            },
             broker: self.broker.clone(),
-            group: format!("group-{n}"),
             topic,
             dlq,
         }
@@ -77,11 +84,8 @@ impl MemoryTarget {
 pub struct MemoryBed {
     broker: MemoryBroker,
     topic: String,
-    group: String,
     dlq: String,
-    publisher: Arc<MemoryPublisher>,
-    sink: Arc<MemoryDeadLetterSink>,
-    transport: MemoryTransport,
+    parts: BedParts,
 }
 
 impl MemoryBed {
@@ -110,7 +114,7 @@ impl ScenarioBed for MemoryBed {
     }
 
     fn group(&self) -> &str {
-        &self.group
+        &self.parts.group
     }
 
     fn partitions(&self) -> u32 {
@@ -118,15 +122,15 @@ impl ScenarioBed for MemoryBed {
     }
 
     fn publisher(&self) -> Arc<dyn Publisher> {
-        self.publisher.clone()
+        self.parts.publisher.clone()
     }
 
     fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
-        self.sink.clone()
+        self.parts.dead_letter_sink.clone()
     }
 
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
-        self.transport.subscribe_with(limit).await
+        self.parts.transport.subscribe_with(limit).await
     }
 
     async fn bare_drain(
@@ -141,35 +145,19 @@ impl ScenarioBed for MemoryBed {
 
 #[async_trait]
 impl TestBed for MemoryBed {
-    fn publisher(&self) -> Arc<dyn Publisher> {
-        self.publisher.clone()
-    }
-
-    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
-        self.sink.clone()
-    }
-
-    fn group(&self) -> &str {
-        &self.group
-    }
-
-    async fn subscribe(&self) -> Result<Subscription, TransportError> {
-        self.transport.subscribe().await
+    fn parts(&self) -> &BedParts {
+        &self.parts
     }
 
     async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let all = self.broker.read_all(&self.dlq);
-            if all.len() >= expected || tokio::time::Instant::now() >= deadline {
-                return Ok(all);
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        read_until(expected, Duration::from_secs(10), || async {
+            Ok(self.broker.read_all(&self.dlq))
+        })
+        .await
     }
 
     async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError> {
-        Ok(self.broker.committed(&self.group))
+        Ok(self.broker.committed(&self.parts.group))
     }
 }
 

@@ -5,43 +5,21 @@
 #![allow(dead_code, clippy::unwrap_used)] // shared by several test crates, each using a part
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use convoy_amqp::consumer::{EVENT_CAPACITY, MAX_BATCH};
 use convoy_amqp::{admin, topology, AmqpConfig, AmqpDeadLetterSink, AmqpPublisher, AmqpTransport};
-use convoy_core::{
-    DeadLetterSink, Message, Offset, Publisher, SourceId, Subscription, Transport, TransportError,
-};
-use convoy_testkit::conformance::{Capabilities, ConformanceTarget, Positions, TestBed};
+use convoy_core::{Message, Offset, SourceId, TransportError};
+use convoy_testkit::conformance::{BedParts, Capabilities, ConformanceTarget, Positions, TestBed};
+pub use convoy_testkit::support::{block_on_side, init_tracing, unique};
+use convoy_testkit::support::{read_until, setting};
 
 pub const URI_VAR: &str = "CONVOY_AMQP_URI";
 
-/// Logs to the test output when RUST_LOG is set.
-pub fn init_tracing() {
-    if std::env::var("RUST_LOG").is_ok() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
-
 pub fn uri() -> Option<String> {
-    std::env::var(URI_VAR).ok().filter(|s| !s.is_empty())
-}
-
-static BEDS: AtomicU64 = AtomicU64::new(0);
-
-/// A unique name per process and call.
-pub fn unique(prefix: &str) -> String {
-    let n = BEDS.fetch_add(1, Relaxed);
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros());
-    format!("{prefix}-{}-{micros:x}-{n}", std::process::id())
+    setting(URI_VAR)
 }
 
 /// Test settings: fast rebalancing, a revoke timeout above the conformance drain timeout (8 s).
@@ -52,17 +30,6 @@ pub fn test_config(uri: &str, group: &str, topic: &str, partitions: u32) -> Amqp
     c.revoke_timeout_ms = 15_000;
     c.heartbeat_s = 5;
     c
-}
-
-/// Runs `f` on a runtime of its own on another thread: cleanup from `Drop`, whatever the state
-/// of the test's runtime.
-pub fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
-    let _ = std::thread::spawn(move || {
-        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            runtime.block_on(f);
-        }
-    })
-    .join();
 }
 
 pub struct AmqpTarget {
@@ -79,8 +46,7 @@ impl AmqpTarget {
 pub struct AmqpBed {
     pub config: AmqpConfig,
     pub topic: String,
-    publisher: Arc<AmqpPublisher>,
-    sink: Arc<AmqpDeadLetterSink>,
+    parts: BedParts,
 }
 
 impl AmqpBed {
@@ -93,8 +59,12 @@ impl AmqpBed {
             .unwrap();
         admin::create_stream(&config, &config.dlq_topic()).await.unwrap();
         AmqpBed {
-            publisher: Arc::new(AmqpPublisher::new(&config, &topic)),
-            sink: Arc::new(AmqpDeadLetterSink::new(&config)),
+            parts: BedParts {
+                publisher: Arc::new(AmqpPublisher::new(&config, &topic)),
+                dead_letter_sink: Arc::new(AmqpDeadLetterSink::new(&config)),
+                group,
+                transport: Arc::new(AmqpTransport::new(config.clone()).unwrap()),
+            },
             topic,
             config,
         }
@@ -132,35 +102,16 @@ impl Drop for AmqpBed {
 
 #[async_trait]
 impl TestBed for AmqpBed {
-    fn publisher(&self) -> Arc<dyn Publisher> {
-        self.publisher.clone()
-    }
-
-    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
-        self.sink.clone()
-    }
-
-    fn group(&self) -> &str {
-        &self.config.group
-    }
-
-    async fn subscribe(&self) -> Result<Subscription, TransportError> {
-        AmqpTransport::new(self.config.clone())
-            .map_err(|e| TransportError::broker("config", e))?
-            .subscribe()
-            .await
+    fn parts(&self) -> &BedParts {
+        &self.parts
     }
 
     async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let all = admin::read_stream(&self.config, &self.config.dlq_topic(), Duration::from_millis(500))
-                .await?;
-            if all.len() >= expected || Instant::now() >= deadline {
-                return Ok(all);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let dlq = self.config.dlq_topic();
+        read_until(expected, Duration::from_secs(30), || {
+            admin::read_stream(&self.config, &dlq, Duration::from_millis(500))
+        })
+        .await
     }
 
     async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError> {
@@ -198,4 +149,9 @@ impl ConformanceTarget for AmqpTarget {
         let uri = self.uri.as_deref().ok_or(TransportError::Closed)?;
         Ok(Box::new(AmqpBed::new(uri, partitions).await))
     }
+}
+
+/// The Python with the interop producers' packages (`CONVOY_PYTHON`; scripts/test sets it).
+pub fn python() -> Option<String> {
+    setting("CONVOY_PYTHON")
 }

@@ -16,14 +16,7 @@ use convoy::{
     typed, Delivery, Engine, EngineConfig, HandlerError, MemoryIdempotencyStore, OutgoingMessage, Transport,
 };
 
-/// A unique name per process and moment.
-pub fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{prefix}-{}-{nanos:x}", std::process::id())
-}
+pub use convoy_testkit::support::unique;
 
 /// Deletes what a connection to `url` declared for a topic (its queues or streams and the
 /// dead-letter topic; on NATS the group's buckets) when dropped, even after a failure: the
@@ -33,18 +26,11 @@ pub struct CleanUp(pub String, pub String);
 impl Drop for CleanUp {
     fn drop(&mut self) {
         let (url, topic) = (self.0.clone(), self.1.clone());
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(connection) = convoy::connect(&url).await {
-                    let _ = connection.delete_topic(&topic).await;
-                }
-            });
-        })
-        .join();
+        convoy_testkit::support::block_on_side(async move {
+            if let Ok(connection) = convoy::connect(&url).await {
+                let _ = connection.delete_topic(&topic).await;
+            }
+        });
     }
 }
 

@@ -4,34 +4,23 @@
 #![allow(dead_code, clippy::unwrap_used)] // shared by several test crates, each using a part
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy_core::{
-    DeadLetterSink, Message, Offset, Publisher, SourceId, Subscription, Transport, TransportError,
-};
+use convoy_core::{Message, Offset, SourceId, TransportError};
 use convoy_kafka::convert::source_id;
 use convoy_kafka::{KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
-use convoy_testkit::conformance::{Capabilities, ConformanceTarget, TestBed};
+use convoy_testkit::conformance::{BedParts, Capabilities, ConformanceTarget, TestBed};
+pub use convoy_testkit::support::{init_tracing, unique};
+use convoy_testkit::support::{read_until, setting};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 
 pub const BOOTSTRAP_VAR: &str = "CONVOY_KAFKA_BOOTSTRAP";
 
-/// Logs to the test output when RUST_LOG is set.
-pub fn init_tracing() {
-    if std::env::var("RUST_LOG").is_ok() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
-
 pub fn bootstrap() -> Option<String> {
-    std::env::var(BOOTSTRAP_VAR).ok().filter(|s| !s.is_empty())
+    setting(BOOTSTRAP_VAR)
 }
 
 /// The broker's address, or `None` after saying the test is skipped (scripts/test sets it).
@@ -41,17 +30,6 @@ pub fn bootstrap_or_skip() -> Option<String> {
         eprintln!("skipped: {BOOTSTRAP_VAR} is not set (scripts/test sets it)");
     }
     found
-}
-
-static BEDS: AtomicU64 = AtomicU64::new(0);
-
-/// A unique name per process and call.
-pub fn unique(prefix: &str) -> String {
-    let n = BEDS.fetch_add(1, Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{prefix}-{}-{nanos:x}-{n}", std::process::id())
 }
 
 /// Test settings: fast group joins (Tansu takes session.timeout/2 per join).
@@ -192,8 +170,7 @@ pub struct KafkaBed {
     pub config: KafkaConfig,
     pub topic: String,
     pub partitions: i32,
-    publisher: Arc<KafkaPublisher>,
-    sink: Arc<KafkaDeadLetterSink>,
+    parts: BedParts,
 }
 
 impl KafkaBed {
@@ -218,8 +195,12 @@ impl KafkaBed {
             }
         }
         KafkaBed {
-            publisher: Arc::new(KafkaPublisher::new(&config, &topic).unwrap()),
-            sink: Arc::new(KafkaDeadLetterSink::new(&config).unwrap()),
+            parts: BedParts {
+                publisher: Arc::new(KafkaPublisher::new(&config, &topic).unwrap()),
+                dead_letter_sink: Arc::new(KafkaDeadLetterSink::new(&config).unwrap()),
+                group,
+                transport: Arc::new(KafkaTransport::new(config.clone()).unwrap()),
+            },
             topic,
             partitions: partitions as i32,
             config,
@@ -268,40 +249,17 @@ pub fn committed_with_map(
 
 #[async_trait]
 impl TestBed for KafkaBed {
-    fn publisher(&self) -> Arc<dyn Publisher> {
-        self.publisher.clone()
-    }
-
-    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
-        self.sink.clone()
-    }
-
-    fn group(&self) -> &str {
-        &self.config.group_id
-    }
-
-    async fn subscribe(&self) -> Result<Subscription, TransportError> {
-        KafkaTransport::new(self.config.clone())
-            .map_err(|e| TransportError::broker("config", e))?
-            .subscribe()
-            .await
+    fn parts(&self) -> &BedParts {
+        &self.parts
     }
 
     async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError> {
         // Dead letters may still be on their way: read the topic again until they are all there.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let all = convoy_kafka::admin::read_topic(
-                &self.config,
-                &self.config.dlq_topic(),
-                Duration::from_secs(3),
-            )
-            .await?;
-            if all.len() >= expected || Instant::now() >= deadline {
-                return Ok(all);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let dlq = self.config.dlq_topic();
+        read_until(expected, Duration::from_secs(30), || {
+            convoy_kafka::admin::read_topic(&self.config, &dlq, Duration::from_secs(3))
+        })
+        .await
     }
 
     async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError> {
@@ -337,4 +295,9 @@ impl ConformanceTarget for KafkaTarget {
             KafkaBed::new(bootstrap, partitions, self.assignor, self.create.as_ref()).await,
         ))
     }
+}
+
+/// The Python with the interop producers' packages (`CONVOY_PYTHON`; scripts/test sets it).
+pub fn python() -> Option<String> {
+    setting("CONVOY_PYTHON")
 }

@@ -5,45 +5,23 @@
 #![allow(dead_code, clippy::unwrap_used)] // shared by several test crates, each using a part
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy_core::{
-    DeadLetterSink, Message, Offset, Publisher, SourceId, Subscription, Transport, TransportError,
-};
+use convoy_core::{Message, Offset, SourceId, TransportError};
 use convoy_nats::consumer::{EVENT_CAPACITY, MAX_BATCH};
 use convoy_nats::{admin, NatsConfig, NatsDeadLetterSink, NatsPublisher, NatsTransport};
-use convoy_testkit::conformance::{Capabilities, ConformanceTarget, Positions, TestBed};
+use convoy_testkit::conformance::{BedParts, Capabilities, ConformanceTarget, Positions, TestBed};
+pub use convoy_testkit::support::{block_on_side, init_tracing, unique};
+use convoy_testkit::support::{read_until, setting};
 
 pub const URL_VAR: &str = "CONVOY_NATS_URL";
 
-/// Logs to the test output when RUST_LOG is set.
-pub fn init_tracing() {
-    if std::env::var("RUST_LOG").is_ok() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
-
 /// The server address (`host:port`) from `CONVOY_NATS_URL`.
 pub fn server() -> Option<String> {
-    let url = std::env::var(URL_VAR).ok().filter(|s| !s.is_empty())?;
+    let url = setting(URL_VAR)?;
     Some(url.trim_start_matches("nats://").to_owned())
-}
-
-static BEDS: AtomicU64 = AtomicU64::new(0);
-
-/// A unique name per process and call (letters, digits and `-`: valid in subjects and names).
-pub fn unique(prefix: &str) -> String {
-    let n = BEDS.fetch_add(1, Relaxed);
-    let micros = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros());
-    format!("{prefix}-{}-{micros:x}-{n}", std::process::id())
 }
 
 /// Test settings: fast rebalancing, short leases, a revoke timeout above the conformance drain
@@ -56,17 +34,6 @@ pub fn test_config(server: &str, group: &str, topic: &str, partitions: u32) -> N
     c.lease_ttl_ms = 3_000;
     c.stream_max_age_s = 3600;
     c
-}
-
-/// Runs `f` on a runtime of its own on another thread: cleanup from `Drop`, whatever the state
-/// of the test's runtime.
-pub fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
-    let _ = std::thread::spawn(move || {
-        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            runtime.block_on(f);
-        }
-    })
-    .join();
 }
 
 pub struct NatsTarget {
@@ -83,8 +50,7 @@ impl NatsTarget {
 pub struct NatsBed {
     pub config: NatsConfig,
     pub topic: String,
-    publisher: Arc<NatsPublisher>,
-    sink: Arc<NatsDeadLetterSink>,
+    parts: BedParts,
 }
 
 impl NatsBed {
@@ -99,8 +65,12 @@ impl NatsBed {
             .await
             .unwrap();
         NatsBed {
-            publisher: Arc::new(NatsPublisher::new(&config, &topic)),
-            sink: Arc::new(NatsDeadLetterSink::new(&config)),
+            parts: BedParts {
+                publisher: Arc::new(NatsPublisher::new(&config, &topic)),
+                dead_letter_sink: Arc::new(NatsDeadLetterSink::new(&config)),
+                group,
+                transport: Arc::new(NatsTransport::new(config.clone()).unwrap()),
+            },
             topic,
             config,
         }
@@ -121,34 +91,16 @@ impl Drop for NatsBed {
 
 #[async_trait]
 impl TestBed for NatsBed {
-    fn publisher(&self) -> Arc<dyn Publisher> {
-        self.publisher.clone()
-    }
-
-    fn dead_letter_sink(&self) -> Arc<dyn DeadLetterSink> {
-        self.sink.clone()
-    }
-
-    fn group(&self) -> &str {
-        &self.config.group
-    }
-
-    async fn subscribe(&self) -> Result<Subscription, TransportError> {
-        NatsTransport::new(self.config.clone())
-            .map_err(|e| TransportError::broker("config", e))?
-            .subscribe()
-            .await
+    fn parts(&self) -> &BedParts {
+        &self.parts
     }
 
     async fn dead_letters(&self, expected: usize) -> Result<Vec<Message>, TransportError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let all = admin::read_stream(&self.config, &self.config.dlq_topic()).await?;
-            if all.len() >= expected || Instant::now() >= deadline {
-                return Ok(all);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let dlq = self.config.dlq_topic();
+        read_until(expected, Duration::from_secs(30), || {
+            admin::read_stream(&self.config, &dlq)
+        })
+        .await
     }
 
     async fn committed(&self) -> Result<BTreeMap<SourceId, Offset>, TransportError> {
@@ -183,4 +135,9 @@ impl ConformanceTarget for NatsTarget {
         let server = self.server.as_deref().ok_or(TransportError::Closed)?;
         Ok(Box::new(NatsBed::new(server, partitions).await))
     }
+}
+
+/// The Python with the interop producers' packages (`CONVOY_PYTHON`; scripts/test sets it).
+pub fn python() -> Option<String> {
+    setting("CONVOY_PYTHON")
 }

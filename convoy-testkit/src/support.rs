@@ -1,0 +1,104 @@
+//! Small helpers every broker's tests need on a shared machine: names no other test or run
+//! uses, logs in the test output, clean-up that runs whatever state the test's runtime is in,
+//! a free loopback port for a private broker, and waiting for what arrives late without a fixed
+//! sleep.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Logs to the test output when `RUST_LOG` is set (once per process; later calls do nothing).
+pub fn init_tracing() {
+    if std::env::var("RUST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// A name unique per process, moment and call: `<prefix>-<pid>-<nanos hex>-<n>` (letters,
+/// digits and `-`, valid as a Kafka topic, a RabbitMQ queue and a NATS subject token).
+pub fn unique(prefix: &str) -> String {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}-{}-{nanos:x}-{n}", std::process::id())
+}
+
+/// An environment variable's value, with an empty one counted as unset.
+pub fn setting(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|s| !s.is_empty())
+}
+
+/// Runs `f` to completion on a runtime of its own on another thread, and waits for it: clean-up
+/// from `Drop` works whether the test's runtime is running, blocked or gone.
+pub fn block_on_side<F: Future<Output = ()> + Send + 'static>(f: F) {
+    let _ = std::thread::spawn(move || {
+        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            runtime.block_on(f);
+        }
+    })
+    .join();
+}
+
+/// A loopback port nothing listens on at the moment of the call, for a private broker.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Calls `read` until it returns at least `expected` items or `within` has passed, and returns
+/// the last answer: for destinations written asynchronously (dead letters on their way).
+pub async fn read_until<T, E, F, Fut>(expected: usize, within: Duration, mut read: F) -> Result<Vec<T>, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Vec<T>, E>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        let all = read().await?;
+        if all.len() >= expected || Instant::now() >= deadline {
+            return Ok(all);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_differ_within_one_moment() {
+        let (a, b) = (unique("t"), unique("t"));
+        assert_ne!(a, b);
+        assert!(a.starts_with(&format!("t-{}-", std::process::id())));
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'), "{a}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn read_until_returns_once_enough_arrived() {
+        let mut calls = 0;
+        let got: Result<Vec<u32>, ()> = read_until(3, Duration::from_secs(30), || {
+            calls += 1;
+            let answer = (0..calls).collect();
+            async move { Ok(answer) }
+        })
+        .await;
+        assert_eq!(got, Ok(vec![0, 1, 2]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn read_until_gives_up_with_what_it_has_and_passes_errors_on() {
+        let got: Result<Vec<u32>, ()> =
+            read_until(3, Duration::from_millis(350), || async { Ok(vec![7]) }).await;
+        assert_eq!(got, Ok(vec![7]));
+        let failed: Result<Vec<u32>, &str> =
+            read_until(1, Duration::from_secs(1), || async { Err("down") }).await;
+        assert_eq!(failed, Err("down"));
+    }
+}
