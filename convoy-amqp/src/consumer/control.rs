@@ -1,46 +1,29 @@
-//! Pause, resume, commit and close for one member.
+//! What commits and lag are on RabbitMQ, for the member's control (`MemberControl`: pause,
+//! resume and close are the same on every self-balancing transport). A member whose engine
+//! crashed leaves without acknowledging anything more: closing its channels returns every
+//! unacknowledged message to its queue.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy_core::{Commit, Offset, SourceControl, SourceId, TransportError};
+use convoy_core::transport::{Departure, MemberSources};
+use convoy_core::{Commit, Offset, SourceId, TransportError};
 use lapin::options::BasicAckOptions;
+use tokio::sync::watch;
 
 use super::Shared;
 use crate::error::broker;
 use crate::topology;
 
-pub(super) struct AmqpControl {
-    shared: Arc<Shared>,
-}
-
-impl AmqpControl {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        AmqpControl { shared }
-    }
-
-    fn set_paused(&self, sources: &[SourceId], paused: bool) {
-        let owned = self.shared.owned();
-        for source in sources {
-            if let Some(o) = owned.get(source) {
-                o.paused.send_replace(paused);
-            }
-        }
-    }
-}
-
 #[async_trait]
-impl SourceControl for AmqpControl {
-    fn pause(&self, sources: &[SourceId]) -> Result<(), TransportError> {
-        self.set_paused(sources, true);
-        Ok(())
+impl MemberSources for Shared {
+    fn pause_switch(&self, source: &SourceId) -> Option<watch::Sender<bool>> {
+        self.owned().get(source).map(|o| o.paused.clone())
     }
 
-    fn resume(&self, sources: &[SourceId]) -> Result<(), TransportError> {
-        self.set_paused(sources, false);
-        Ok(())
+    fn departure(&self) -> &Departure {
+        &self.departure
     }
 
     /// `basic.ack(next - 1, multiple)` on each source's channel, only ever forward: a tag
@@ -48,7 +31,7 @@ impl SourceControl for AmqpControl {
     async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {
         for c in commits {
             let (channel, tag) = {
-                let owned = self.shared.owned();
+                let owned = self.owned();
                 let Some(o) = owned.get(&c.source) else {
                     return Err(TransportError::NotOwner(c.source.clone()));
                 };
@@ -64,7 +47,7 @@ impl SourceControl for AmqpControl {
                 .basic_ack(tag, BasicAckOptions { multiple: true })
                 .await
                 .map_err(|e| broker(&format!("acknowledging {}", c.source), e))?;
-            if let Some(o) = self.shared.owned().get_mut(&c.source) {
+            if let Some(o) = self.owned().get_mut(&c.source) {
                 if o.channel.id() == channel.id() {
                     o.acked = o.acked.max(tag);
                 }
@@ -80,7 +63,7 @@ impl SourceControl for AmqpControl {
         let mut newest = Vec::with_capacity(sources.len());
         for source in sources {
             let probe = {
-                let owned = self.shared.owned();
+                let owned = self.owned();
                 owned
                     .get(source)
                     .map(|o| (o.channel.clone(), o.queue.clone(), o.delivered.load(Relaxed)))
@@ -105,24 +88,10 @@ impl SourceControl for AmqpControl {
     /// The prefetch: a partition channel receives nothing more while that many of its
     /// deliveries are unacknowledged.
     fn credit(&self) -> Option<u64> {
-        Some(u64::from(self.shared.prefetch))
+        Some(u64::from(self.prefetch))
     }
 
-    fn revoke_timeout(&self) -> Option<Duration> {
-        Some(self.shared.config.revoke_timeout())
-    }
-
-    async fn close(&self) -> Result<(), TransportError> {
-        self.shared.departure.ask();
-        self.shared.departure.wait_left().await;
-        Ok(())
-    }
-}
-
-impl Drop for AmqpControl {
-    fn drop(&mut self) {
-        // Dropped without close (the engine crashed): leave without acknowledging anything more;
-        // closing the channels returns every unacknowledged message to its queue.
-        self.shared.departure.ask();
+    fn revoke_timeout(&self) -> Duration {
+        self.config.revoke_timeout()
     }
 }

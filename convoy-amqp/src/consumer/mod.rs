@@ -3,8 +3,9 @@
 //!
 //! By job: `member` joins the group, balances partitions over the live members and hands
 //! partitions over (with the engine's drain and commit in between); `partition` reads one owned
-//! partition queue on its own channel and hands batches to the engine; `control` pauses, resumes
-//! and commits (`basic.ack(W, multiple)` on that channel).
+//! partition queue on its own channel and hands batches to the engine; `control` says what a
+//! commit (`basic.ack(W, multiple)` on that channel) and the lag are, for convoy-core's
+//! `MemberControl`, which pauses, resumes and closes.
 //!
 //! A source's offset is the delivery tag, which restarts with every channel: each time a
 //! partition is taken it is a new assignment (committed `None`). Prefetch bounds the messages
@@ -20,12 +21,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use convoy_core::transport::{event_channel, Departure, EventSender};
+use convoy_core::transport::{event_channel, Departure, EventSender, MemberControl};
 use convoy_core::{PrefetchLimit, SourceId, Subscription, Transport, TransportError};
 use lapin::Channel;
 use tokio::sync::watch;
 
-use self::control::AmqpControl;
 use crate::config::AmqpConfig;
 
 /// Message batches buffered between the partition tasks and the engine.
@@ -111,7 +111,7 @@ impl Transport for AmqpTransport {
         tokio::spawn(member::run(shared.clone(), session));
         Ok(Subscription {
             events: rx,
-            control: Box::new(AmqpControl::new(shared)),
+            control: Box::new(MemberControl::new(shared)),
         })
     }
 }

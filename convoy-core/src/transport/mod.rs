@@ -28,9 +28,11 @@ use crate::message::{Offset, OutgoingMessage, SourceId};
 mod departure;
 mod events;
 mod lease;
+mod member;
 
 pub use departure::Departure;
 pub use lease::Lease;
+pub use member::{MemberControl, MemberSources};
 
 pub use events::{
     event_channel, EventReceiver, EventSender, EventsClosed, RevokeAck, SourceEvent, TrySendBatch,

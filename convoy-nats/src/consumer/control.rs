@@ -1,47 +1,28 @@
-//! Pause, resume, commit, lag and close for one member.
+//! What commits and lag are on NATS, for the member's control (`MemberControl`: pause, resume
+//! and close are the same on every self-balancing transport).
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv::UpdateErrorKind;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_trait::async_trait;
 use bytes::Bytes;
-use convoy_core::{Commit, Offset, SourceControl, SourceId, TransportError};
+use convoy_core::transport::{Departure, MemberSources};
+use convoy_core::{Commit, Offset, SourceId, TransportError};
+use tokio::sync::watch;
 
 use super::Shared;
 use crate::error::nats_error;
 
-pub(super) struct NatsControl {
-    shared: Arc<Shared>,
-}
-
-impl NatsControl {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        NatsControl { shared }
-    }
-
-    fn set_paused(&self, sources: &[SourceId], paused: bool) {
-        let owned = self.shared.owned();
-        for source in sources {
-            if let Some(o) = owned.get(source) {
-                o.paused.send_replace(paused);
-            }
-        }
-    }
-}
-
 #[async_trait]
-impl SourceControl for NatsControl {
-    fn pause(&self, sources: &[SourceId]) -> Result<(), TransportError> {
-        self.set_paused(sources, true);
-        Ok(())
+impl MemberSources for Shared {
+    fn pause_switch(&self, source: &SourceId) -> Option<watch::Sender<bool>> {
+        self.owned().get(source).map(|o| o.paused.clone())
     }
 
-    fn resume(&self, sources: &[SourceId]) -> Result<(), TransportError> {
-        self.set_paused(sources, false);
-        Ok(())
+    fn departure(&self) -> &Departure {
+        &self.departure
     }
 
     /// Writes each watermark `next - 1` to the group's bucket against the revision this member
@@ -53,16 +34,16 @@ impl SourceControl for NatsControl {
                 continue;
             };
             let (key, revision) = {
-                let owned = self.shared.owned();
+                let owned = self.owned();
                 match owned.get(&c.source) {
                     Some(o) if o.lease.is_valid() => (o.watermark_key.clone(), o.watermark_revision),
                     _ => return Err(TransportError::NotOwner(c.source.clone())),
                 }
             };
             let value = Bytes::from(watermark.to_string());
-            match self.shared.watermarks.update(key.as_str(), value, revision).await {
+            match self.watermarks.update(key.as_str(), value, revision).await {
                 Ok(revision) => {
-                    if let Some(o) = self.shared.owned().get_mut(&c.source) {
+                    if let Some(o) = self.owned().get_mut(&c.source) {
                         o.watermark_revision = revision;
                     }
                 }
@@ -82,7 +63,7 @@ impl SourceControl for NatsControl {
         let mut newest = Vec::with_capacity(sources.len());
         for source in sources {
             let probe = {
-                let owned = self.shared.owned();
+                let owned = self.owned();
                 owned
                     .get(source)
                     .map(|o| (o.stream.clone(), o.subject.clone(), o.delivered.load(Relaxed)))
@@ -105,20 +86,7 @@ impl SourceControl for NatsControl {
         newest
     }
 
-    fn revoke_timeout(&self) -> Option<Duration> {
-        Some(self.shared.config.revoke_timeout())
-    }
-
-    async fn close(&self) -> Result<(), TransportError> {
-        self.shared.departure.ask();
-        self.shared.departure.wait_left().await;
-        Ok(())
-    }
-}
-
-impl Drop for NatsControl {
-    fn drop(&mut self) {
-        // Dropped without close (the engine crashed): leave without committing anything more.
-        self.shared.departure.ask();
+    fn revoke_timeout(&self) -> Duration {
+        self.config.revoke_timeout()
     }
 }

@@ -5,8 +5,9 @@
 //! partitions over (with the engine's drain and commit in between); `leases` keeps this
 //! member's leases (partitions, presence, extra token) renewed and reports the ones it lost;
 //! `partition` reads one owned partition from its committed watermark on, through a pull
-//! consumer of its own; `control` pauses, resumes and commits (the watermark, by compare-and-set
-//! in the group's bucket).
+//! consumer of its own; `control` says what a commit (the watermark, by compare-and-set in the
+//! group's bucket) and the lag are, for convoy-core's `MemberControl`, which pauses, resumes and
+//! closes.
 //!
 //! A source's offset is the stream sequence. Where delivery resumes is convoy's, not the
 //! server's: every ownership epoch reads through a consumer created at the committed
@@ -26,11 +27,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_nats::jetstream::kv::Store;
 use async_nats::jetstream::stream::Stream;
 use async_trait::async_trait;
-use convoy_core::transport::{event_channel, Departure, EventSender};
+use convoy_core::transport::{event_channel, Departure, EventSender, MemberControl};
 use convoy_core::{Lease, PrefetchLimit, SourceId, Subscription, Transport, TransportError};
 use tokio::sync::watch;
 
-use self::control::NatsControl;
 use crate::config::NatsConfig;
 
 /// Message batches buffered between the partition tasks and the engine.
@@ -123,7 +123,7 @@ impl Transport for NatsTransport {
         tokio::spawn(member::run(shared.clone(), session));
         Ok(Subscription {
             events: rx,
-            control: Box::new(NatsControl::new(shared)),
+            control: Box::new(MemberControl::new(shared)),
         })
     }
 }
