@@ -1,4 +1,4 @@
-//! The conformance suite on a real Kafka-protocol broker (Tansu), every case but one.
+//! The conformance suite on a real Kafka-protocol broker (Tansu), every case but two.
 //!
 //! Not here: `crash_without_commit_redelivers_from_watermark`. It drops the first member (its
 //! LeaveGroup goes out in the background) and subscribes the next one at once; when the join
@@ -8,6 +8,11 @@
 //! `conformance_kafka_eager.rs`). The case runs on librdkafka's mock cluster with both assignors
 //! (`conformance_kafka_mock.rs`), and crashes on Tansu are covered by consumer processes killed
 //! with SIGKILL (`processes.rs`), whose sessions expire instead of leaving.
+//!
+//! Nor `newest_offsets_cover_what_was_received`: Tansu's memory storage answers
+//! ListOffsets(latest) wrongly (shared/brokers.md). On librdkafka's mock cluster it passes, but
+//! the first watermark queries of one partition time out (500 ms each, "Metadata fetch error")
+//! for 9–31 s before one answers: too close to the case's 60-second limit to be a test.
 
 mod common;
 

@@ -56,33 +56,17 @@ impl MemberSources for Shared {
         Ok(())
     }
 
-    /// The newest "offset" of each source: the last tag delivered plus the messages still
-    /// ready in its queue, so the engine's lag (newest minus watermark) is the unfinished
-    /// delivered messages plus the queue's backlog — reported while paused too.
-    async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
-        let mut newest = Vec::with_capacity(sources.len());
-        for source in sources {
-            let probe = {
-                let owned = self.owned();
-                owned
-                    .get(source)
-                    .map(|o| (o.channel.clone(), o.queue.clone(), o.delivered.load(Relaxed)))
-            };
-            let Some((channel, queue, delivered)) = probe else {
-                newest.push(None);
-                continue;
-            };
-            let depth = tokio::time::timeout(
-                Duration::from_secs(1),
-                topology::partition_depth(&channel, &queue),
-            )
-            .await;
-            newest.push(match depth {
-                Ok(Ok((ready, _))) => Some(delivered + u64::from(ready)),
-                _ => None,
-            });
-        }
-        newest
+    /// The newest "offset" of a source: the last tag delivered plus the messages still ready in
+    /// its queue, so the engine's lag (newest minus watermark) is the unfinished delivered
+    /// messages plus the queue's backlog — reported while paused too.
+    async fn newest_offset(&self, source: &SourceId) -> Option<Offset> {
+        let (channel, queue, delivered) = {
+            let owned = self.owned();
+            let o = owned.get(source)?;
+            (o.channel.clone(), o.queue.clone(), o.delivered.load(Relaxed))
+        };
+        let (ready, _) = topology::partition_depth(&channel, &queue).await.ok()?;
+        Some(delivered + u64::from(ready))
     }
 
     /// The prefetch: a partition channel receives nothing more while that many of its

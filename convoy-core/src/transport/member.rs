@@ -12,6 +12,9 @@ use tokio::sync::watch;
 use super::{Commit, Departure, SourceControl, TransportError};
 use crate::message::{Offset, SourceId};
 
+/// The longest a lag figure waits for the broker's answer about one source.
+const NEWEST_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// What a self-balancing member's control asks of its broker adapter.
 #[async_trait]
 pub trait MemberSources: Send + Sync + 'static {
@@ -21,8 +24,9 @@ pub trait MemberSources: Send + Sync + 'static {
     fn departure(&self) -> &Departure;
     /// Commits watermarks, as [`SourceControl::commit`].
     async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError>;
-    /// The newest offset of each source, as [`SourceControl::last_offsets`].
-    async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>>;
+    /// The newest offset of an owned source (`None` for another, or when the broker does not
+    /// answer), for [`SourceControl::last_offsets`].
+    async fn newest_offset(&self, source: &SourceId) -> Option<Offset>;
     /// How long a source being handed over waits for the engine to drain and commit.
     fn revoke_timeout(&self) -> Duration;
     /// As [`SourceControl::credit`].
@@ -65,8 +69,15 @@ impl<S: MemberSources> SourceControl for MemberControl<S> {
         self.0.commit(commits).await
     }
 
+    /// Asks the broker about one source after the other, each for at most a second: lag is
+    /// reported while the broker is slow too, only without that source's figure.
     async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
-        self.0.last_offsets(sources).await
+        let mut newest = Vec::with_capacity(sources.len());
+        for source in sources {
+            let answer = tokio::time::timeout(NEWEST_TIMEOUT, self.0.newest_offset(source)).await;
+            newest.push(answer.ok().flatten());
+        }
+        newest
     }
 
     fn revoke_timeout(&self) -> Option<Duration> {
@@ -111,8 +122,12 @@ mod tests {
         async fn commit(&self, _: &[Commit]) -> Result<(), TransportError> {
             Ok(())
         }
-        async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
-            vec![None; sources.len()]
+        async fn newest_offset(&self, source: &SourceId) -> Option<Offset> {
+            match source.topic_partition() {
+                Some((_, 0)) => Some(41),
+                Some((_, 2)) => std::future::pending().await,
+                _ => None,
+            }
         }
         fn revoke_timeout(&self) -> Duration {
             Duration::from_secs(7)
@@ -140,6 +155,14 @@ mod tests {
         control.resume(&[SourceId::partition("t", 0)]).unwrap();
         assert!(!*reader.borrow());
         assert_eq!(control.revoke_timeout(), Some(Duration::from_secs(7)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn newest_offsets_come_per_source_and_a_silent_broker_costs_one_figure() {
+        let (member, _reader) = member();
+        let control = MemberControl::new(member);
+        let sources = [0, 1, 2].map(|p| SourceId::partition("t", p));
+        assert_eq!(control.last_offsets(&sources).await, [Some(41), None, None]);
     }
 
     #[tokio::test]

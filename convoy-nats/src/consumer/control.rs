@@ -56,34 +56,20 @@ impl MemberSources for Shared {
         Ok(())
     }
 
-    /// The newest sequence of each partition subject (reported while paused too), so the
-    /// engine's lag is that minus the watermark — in stream sequences, which the partitions of
-    /// a topic share: an upper bound of the partition's unfinished messages.
-    async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
-        let mut newest = Vec::with_capacity(sources.len());
-        for source in sources {
-            let probe = {
-                let owned = self.owned();
-                owned
-                    .get(source)
-                    .map(|o| (o.stream.clone(), o.subject.clone(), o.delivered.load(Relaxed)))
-            };
-            let Some((stream, subject, delivered)) = probe else {
-                newest.push(None);
-                continue;
-            };
-            let last = tokio::time::timeout(
-                Duration::from_secs(1),
-                stream.get_last_raw_message_by_subject(&subject),
-            )
-            .await;
-            newest.push(match last {
-                Ok(Ok(message)) => Some(message.sequence.max(delivered)),
-                Ok(Err(e)) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Some(delivered),
-                _ => None,
-            });
+    /// The newest sequence of the partition subject (reported while paused too), so the
+    /// engine's lag is that minus the watermark — in stream sequences, which the partitions of a
+    /// topic share: an upper bound of the partition's unfinished messages.
+    async fn newest_offset(&self, source: &SourceId) -> Option<Offset> {
+        let (stream, subject, delivered) = {
+            let owned = self.owned();
+            let o = owned.get(source)?;
+            (o.stream.clone(), o.subject.clone(), o.delivered.load(Relaxed))
+        };
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => Some(message.sequence.max(delivered)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Some(delivered),
+            Err(_) => None,
         }
-        newest
     }
 
     fn revoke_timeout(&self) -> Duration {
