@@ -125,6 +125,8 @@ const RESERVED: [(&str, &str); 12] = [
 
 /// librdkafka's default `max.poll.interval.ms`: the group's rebalance timeout.
 const DEFAULT_MAX_POLL_INTERVAL_MS: u64 = 300_000;
+/// librdkafka's `fetch.wait.max.ms` unless set.
+const DEFAULT_FETCH_WAIT_MAX_MS: u64 = 500;
 
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -288,6 +290,20 @@ impl KafkaConfig {
         Ok(())
     }
 
+    /// How long a query of a partition's newest offset (for the lag metric) may take: a second
+    /// more than `fetch.wait.max.ms`. The query shares the broker connection with the fetches,
+    /// and a broker answers one connection's requests in order, so it can wait behind a fetch
+    /// held open that long (at librdkafka's default, 500 ms: the old bound, which lost the
+    /// figure whenever it did).
+    pub fn newest_offset_timeout(&self) -> std::time::Duration {
+        let fetch_wait = self
+            .properties
+            .get("fetch.wait.max.ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_FETCH_WAIT_MAX_MS);
+        std::time::Duration::from_millis(fetch_wait + 1_000)
+    }
+
     /// How long a revoke waits for the engine.
     pub fn revoke_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.revoke_timeout_ms)
@@ -404,6 +420,14 @@ fn valid_topic(t: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_newest_offset_query_may_outwait_a_held_fetch() {
+        let mut c = KafkaConfig::new("127.0.0.1:9092", "g", &["t"]);
+        assert_eq!(c.newest_offset_timeout(), std::time::Duration::from_millis(1_500));
+        c.apply_param("fetch.wait.max.ms", "5").unwrap();
+        assert_eq!(c.newest_offset_timeout(), std::time::Duration::from_millis(1_005));
+    }
 
     fn valid() -> KafkaConfig {
         KafkaConfig::new("127.0.0.1:9092", "g", &["orders"])

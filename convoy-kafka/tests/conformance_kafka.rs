@@ -10,9 +10,7 @@
 //! with SIGKILL (`processes.rs`), whose sessions expire instead of leaving.
 //!
 //! Nor `newest_offsets_cover_what_was_received`: Tansu's memory storage answers
-//! ListOffsets(latest) wrongly (shared/brokers.md). On librdkafka's mock cluster it passes, but
-//! the first watermark queries of one partition time out (500 ms each, "Metadata fetch error")
-//! for 9–31 s before one answers: too close to the case's 60-second limit to be a test.
+//! ListOffsets(latest) wrongly (shared/brokers.md). It runs on the mock cluster.
 
 mod common;
 

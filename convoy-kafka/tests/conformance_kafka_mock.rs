@@ -1,6 +1,7 @@
 //! Conformance cases on librdkafka's in-process mock cluster, which implements the group
 //! protocols where Tansu falls short: the crash case with both assignors (Tansu can keep a
-//! departed member as the group's leader; see `conformance_kafka.rs`), and the other
+//! departed member as the group's leader; see `conformance_kafka.rs`), the newest offsets (Tansu
+//! answers ListOffsets(latest) wrongly), and the other
 //! ownership-changing cases with the eager assignor beside it.
 
 mod common;
@@ -10,6 +11,7 @@ mod cooperative_sticky {
 
     convoy_testkit::conformance_tests!(@cases common::KafkaTarget::on_mock(convoy_kafka::Assignor::CooperativeSticky);
         crash_without_commit_redelivers_from_watermark,
+        newest_offsets_cover_what_was_received,
     );
 }
 

@@ -177,12 +177,13 @@ impl SourceControl for KafkaControl {
             return vec![None; sources.len()];
         };
         let sources = sources.to_vec();
+        let timeout = self.shared.newest_offset_timeout;
         tokio::task::spawn_blocking(move || {
             sources
                 .iter()
                 .map(|s| {
                     let (t, p) = topic_partition(s)?;
-                    let (_, high) = consumer.fetch_watermarks(t, p, Duration::from_millis(500)).ok()?;
+                    let (_, high) = consumer.fetch_watermarks(t, p, timeout).ok()?;
                     (high > 0).then(|| (high - 1) as Offset)
                 })
                 .collect()

@@ -66,6 +66,8 @@ struct Shared {
     /// Set once a fatal error was reported (reported once).
     failed: AtomicBool,
     revoke_timeout: Duration,
+    /// How long a query of a partition's newest offset may take.
+    newest_offset_timeout: Duration,
     prefetch: Prefetch,
     /// The offset-map limit in force (lowered to 0 if the broker refuses the metadata size).
     offset_map_max: AtomicUsize,
@@ -189,6 +191,7 @@ impl Transport for KafkaTransport {
             stopped: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             revoke_timeout: self.config.revoke_timeout(),
+            newest_offset_timeout: self.config.newest_offset_timeout(),
             prefetch,
             offset_map_max: AtomicUsize::new(self.config.offset_map_max_bytes),
         });
