@@ -4,28 +4,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use convoy_core::{Engine, EngineHandle, Transport};
+use convoy_core::{EngineHandle, Transport};
 
 use crate::checker::OrderChecker;
 use crate::conformance::{test_config, TestBed};
-use crate::probe::{publish_load, ProbeHandler, RecordingSink};
+use crate::probe::{publish_load, start_probe_engine};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// A member of `bed`'s group on `transport`, recording into `checker`.
 async fn member(bed: &dyn TestBed, transport: &dyn Transport, checker: &Arc<OrderChecker>) -> EngineHandle {
-    let engine = match Engine::builder(ProbeHandler::new(checker.clone()))
-        .config(test_config(bed.group()))
-        .dead_letter_sink(RecordingSink::new(bed.dead_letter_sink(), checker.clone()))
-        .build()
-    {
-        Ok(engine) => engine,
-        Err(e) => panic!("test engine config rejected: {e}"),
-    };
-    match engine.start(transport).await {
-        Ok(running) => running,
-        Err(e) => panic!("a member could not start: {e}"),
-    }
+    start_probe_engine(
+        transport,
+        bed.dead_letter_sink(),
+        test_config(bed.group()),
+        checker,
+    )
+    .await
 }
 
 /// Waits until the members own these many sources each (in any order).

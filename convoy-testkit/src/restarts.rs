@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use convoy_core::{DeadLetterSink, Engine, EngineHandle, OutgoingMessage, Publisher, Transport};
+use convoy_core::{DeadLetterSink, EngineHandle, OutgoingMessage, Publisher, Transport};
 
 use crate::conformance::{stop, test_config};
-use crate::probe::{probe_batch, ProbeHandler, RecordingSink};
+use crate::probe::{probe_batch, start_probe_engine};
 use crate::OrderChecker;
 
 /// Keys, chunks and messages per chunk of the load.
@@ -30,18 +30,7 @@ pub async fn start_engine(
 ) -> EngineHandle {
     let mut config = test_config(group);
     config.drain_timeout = Duration::from_secs(5);
-    let engine = match Engine::builder(ProbeHandler::new(checker.clone()))
-        .config(config)
-        .dead_letter_sink(RecordingSink::new(sink, checker.clone()))
-        .build()
-    {
-        Ok(engine) => engine,
-        Err(e) => panic!("test engine config rejected: {e}"),
-    };
-    match engine.start(transport).await {
-        Ok(handle) => handle,
-        Err(e) => panic!("the engine could not start: {e}"),
-    }
+    start_probe_engine(transport, sink, config, checker).await
 }
 
 /// Publishes 12 chunks of 200 probe messages over 20 keys, each message with a stable event id

@@ -83,7 +83,7 @@ impl AmqpBed {
             let (ready, _) = topology::partition_depth(&channel, &queue).await?;
             total += u64::from(ready);
         }
-        let _ = connection.close(200, "done".into()).await;
+        convoy_amqp::connect::close(&connection, "done").await;
         Ok(total)
     }
 }

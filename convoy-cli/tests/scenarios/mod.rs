@@ -206,11 +206,7 @@ pub fn consume_prints_and_serves_metrics(url: &str) {
         .unwrap();
     assert!(produce.wait().unwrap().success());
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = convoy_testkit::support::free_port().unwrap();
     let addr = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
         .args(["--url", &url, "consume", "--metrics-addr", &addr])
@@ -324,11 +320,7 @@ pub async fn second_ctrl_c(url: &str, topic: &str) {
             .await
             .unwrap();
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = convoy_testkit::support::free_port().unwrap();
     let addr = format!("127.0.0.1:{port}");
     // Every message takes a minute: the drain can only end by its timeout, or a second Ctrl-C.
     let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
