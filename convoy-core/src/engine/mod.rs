@@ -88,7 +88,8 @@ impl EngineBuilder {
         self
     }
 
-    /// Replaces the default in-memory idempotency store (100,000 ids).
+    /// Replaces the default in-memory idempotency store (100,000 header ids; position ids per
+    /// source, see [`MemoryIdempotencyStore`]).
     pub fn idempotency_store(mut self, store: impl IdempotencyStore) -> Self {
         self.idempotency = Some(Idempotency::of(store));
         self
