@@ -335,22 +335,24 @@ impl ProbeHandler {
 impl Handler for ProbeHandler {
     async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
         self.calls.add_one();
-        let key = delivery.key().cloned().unwrap_or_default();
+        // Borrowed, not cloned: a clone's reference count is shared by every record of a
+        // fetched batch, a cache line both workers would write for every message.
+        let key: &[u8] = delivery.key().map_or(&[], |k| k.as_ref());
         let seq = decode_seq(delivery.payload())
             .ok_or_else(|| HandlerError::malformed("payload is not a probe sequence number"))?;
         if let Some(counts) = &self.calls_by_message {
             let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
-            *counts.entry((key.clone(), seq)).or_default() += 1;
+            *counts.entry((Bytes::copy_from_slice(key), seq)).or_default() += 1;
         }
         if delivery.attempt() == 1 {
             if let Some(sent) = sent_at(&delivery) {
                 let in_engine = delivery.received().elapsed();
                 let since_sent = Duration::from_micros(unix_micros().saturating_sub(sent));
                 self.checker
-                    .stages(&key, since_sent.saturating_sub(in_engine), in_engine);
+                    .stages(since_sent.saturating_sub(in_engine), in_engine);
             }
         }
-        let _key_guard = self.checker.enter(&key);
+        let inside = self.checker.enter(key);
         let _in_flight = self.in_flight.as_ref().map(|(now, most)| {
             most.fetch_max(now.fetch_add(1, Relaxed) + 1, Relaxed);
             InFlight(now)
@@ -362,27 +364,29 @@ impl Handler for ProbeHandler {
             Latency::Exact(d) => crate::timer::exact_sleep(d).await,
             Latency::Uniform(min, max) => {
                 let span = max.saturating_sub(min);
-                tokio::time::sleep(min + span.mul_f64(plan.roll(1, &key, seq))).await;
+                tokio::time::sleep(min + span.mul_f64(plan.roll(1, key, seq))).await;
             }
         }
         if let Some((held, latch)) = &plan.hold {
-            if *held == key {
+            if held.as_ref() == key {
                 latch.wait().await;
             }
         }
-        let id = (key.clone(), seq);
-        if plan.terminal_on.contains(&id)
-            || (plan.terminal_rate > 0.0 && plan.roll(2, &key, seq) < plan.terminal_rate)
+        let listed = |set: &HashSet<(Bytes, u64)>| {
+            !set.is_empty() && set.contains(&(Bytes::copy_from_slice(key), seq))
+        };
+        if listed(&plan.terminal_on)
+            || (plan.terminal_rate > 0.0 && plan.roll(2, key, seq) < plan.terminal_rate)
         {
             return Err(HandlerError::terminal(format!(
                 "injected terminal failure of seq {seq}"
             )));
         }
-        if plan.panic_rate > 0.0 && plan.roll(3, &key, seq) < plan.panic_rate {
+        if plan.panic_rate > 0.0 && plan.roll(3, key, seq) < plan.panic_rate {
             panic!("injected panic on seq {seq}");
         }
-        if plan.transient_forever.contains(&id)
-            || (delivery.attempt() <= plan.transient_attempts && plan.fails_transiently(&key, seq))
+        if listed(&plan.transient_forever)
+            || (delivery.attempt() <= plan.transient_attempts && plan.fails_transiently(key, seq))
         {
             return Err(HandlerError::transient(format!(
                 "injected transient failure of seq {seq}, attempt {}",
@@ -393,7 +397,7 @@ impl Handler for ProbeHandler {
             let mut offsets = offsets.lock().unwrap_or_else(|p| p.into_inner());
             offsets.push((delivery.source().clone(), delivery.offset()));
         }
-        self.checker.handled(&key, seq, Some(latency(&delivery)));
+        inside.handled(seq, Some(latency(&delivery)));
         Ok(())
     }
 }
