@@ -483,7 +483,11 @@ mod tests {
         drop(inside_a);
         let _a_again = c.enter(&a);
         let r = c.report();
-        assert_eq!((r.overlaps, r.finished), (1, 1), "leaving by handled or by drop: {r:?}");
+        assert_eq!(
+            (r.overlaps, r.finished),
+            (1, 1),
+            "leaving by handled or by drop: {r:?}"
+        );
     }
 
     #[test]

@@ -173,23 +173,15 @@ impl SourceControl for KafkaControl {
     }
 
     async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
+        let sources_len = sources.len();
         let Ok(consumer) = self.consumer() else {
-            return vec![None; sources.len()];
+            return vec![None; sources_len];
         };
         let sources = sources.to_vec();
         let timeout = self.shared.newest_offset_timeout;
-        tokio::task::spawn_blocking(move || {
-            sources
-                .iter()
-                .map(|s| {
-                    let (t, p) = topic_partition(s)?;
-                    let (_, high) = consumer.fetch_watermarks(t, p, timeout).ok()?;
-                    (high > 0).then(|| (high - 1) as Offset)
-                })
-                .collect()
-        })
-        .await
-        .unwrap_or_default()
+        tokio::task::spawn_blocking(move || newest_offsets(&consumer, &sources, timeout))
+            .await
+            .unwrap_or_else(|_| vec![None; sources_len])
     }
 
     fn wants_finished_above(&self) -> bool {
@@ -209,6 +201,37 @@ impl SourceControl for KafkaControl {
         }
         Ok(())
     }
+}
+
+/// The newest offset of each source (`None` where it is unknown or empty), in one ListOffsets
+/// request per partition leader: asked one partition after another, each answer came behind the
+/// fetch the broker was holding on that connection, and a member of 256 partitions refreshed its
+/// lag about every two minutes.
+fn newest_offsets(consumer: &KafkaConsumer, sources: &[SourceId], timeout: Duration) -> Vec<Option<Offset>> {
+    let mut latest = TopicPartitionList::with_capacity(sources.len());
+    for (topic, partition) in sources.iter().filter_map(topic_partition) {
+        // The "timestamp" END asks for the partition's high watermark.
+        let _ = latest.add_partition_offset(topic, partition, KafkaOffset::End);
+    }
+    let answered = match consumer.offsets_for_times(latest, timeout) {
+        Ok(answered) => answered,
+        Err(e) => {
+            tracing::debug!(error = %e, "the newest offsets could not be read; lag is not reported this time");
+            return vec![None; sources.len()];
+        }
+    };
+    sources
+        .iter()
+        .map(|source| {
+            let (topic, partition) = topic_partition(source)?;
+            let element = answered.find_partition(topic, partition)?;
+            element.error().ok()?;
+            match element.offset() {
+                KafkaOffset::Offset(high) if high > 0 => Some((high - 1) as Offset),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 impl Drop for KafkaControl {
