@@ -40,7 +40,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use convoy_core::partitioner::partition_for_key;
 use convoy_core::{
-    DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, SourceId, TransportError,
+    BatchSender, DeadLetter, DeadLetterSink, OutgoingMessage, Receipt, SourceId, TransportError,
 };
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
@@ -160,28 +160,6 @@ impl AmqpPublisher {
         }
     }
 
-    /// Publishes in order, pipelined: every message is written before any confirmation is
-    /// awaited (one channel keeps their order). Bounded by [`CONFIRM_TIMEOUT`]: lapin was seen
-    /// to leave a publish waiting forever once its connection was gone (no socket left, no
-    /// error), so a batch that is not confirmed in time fails, and the next one reconnects.
-    async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
-        let mut open = self.open.lock().await;
-        match tokio::time::timeout(CONFIRM_TIMEOUT, self.send_on(&mut open, messages)).await {
-            Ok(sent) => sent,
-            Err(_) => {
-                *open = None;
-                Err(TransportError::broker(
-                    format!("publishing to {}", self.target),
-                    format!(
-                        "RabbitMQ confirmed nothing within {CONFIRM_TIMEOUT:?}; the connection is \
-                         reopened on the next publish (is the broker alive, or blocked by a \
-                         memory or disk alarm?)"
-                    ),
-                ))
-            }
-        }
-    }
-
     async fn send_on(
         &self,
         open: &mut Option<(Connection, Channel)>,
@@ -281,20 +259,31 @@ impl AmqpPublisher {
 }
 
 #[async_trait]
-impl Publisher for AmqpPublisher {
-    async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
-        if self.stamp {
-            message.stamp();
-        }
-        let mut receipts = self.send_all(std::slice::from_ref(&message)).await?;
-        receipts.pop().ok_or(TransportError::Closed)
+impl BatchSender for AmqpPublisher {
+    fn stamps(&self) -> bool {
+        self.stamp
     }
 
-    async fn publish_all(&self, mut messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
-        if self.stamp {
-            messages.iter_mut().for_each(OutgoingMessage::stamp);
+    /// Publishes in order, pipelined: every message is written before any confirmation is
+    /// awaited (one channel keeps their order). Bounded by [`CONFIRM_TIMEOUT`]: lapin was seen
+    /// to leave a publish waiting forever once its connection was gone (no socket left, no
+    /// error), so a batch that is not confirmed in time fails, and the next one reconnects.
+    async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
+        let mut open = self.open.lock().await;
+        match tokio::time::timeout(CONFIRM_TIMEOUT, self.send_on(&mut open, messages)).await {
+            Ok(sent) => sent,
+            Err(_) => {
+                *open = None;
+                Err(TransportError::broker(
+                    format!("publishing to {}", self.target),
+                    format!(
+                        "RabbitMQ confirmed nothing within {CONFIRM_TIMEOUT:?}; the connection is \
+                         reopened on the next publish (is the broker alive, or blocked by a \
+                         memory or disk alarm?)"
+                    ),
+                ))
+            }
         }
-        self.send_all(&messages).await
     }
 }
 
@@ -318,7 +307,7 @@ impl AmqpDeadLetterSink {
 impl DeadLetterSink for AmqpDeadLetterSink {
     async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
         self.publisher
-            .send_all(std::slice::from_ref(&dead_letter.to_outgoing()))
+            .send_one(&dead_letter.to_outgoing())
             .await
             .map(|_| ())
     }

@@ -46,7 +46,8 @@ pub use message::{EventId, Headers, Message, Offset, OutgoingMessage, SourceId, 
 pub use retry::{Backoff, Jitter, OnExhausted, RetryPolicy};
 pub use trace_context::TraceContext;
 pub use transport::{
-    event_channel, Assignment, Commit, Departure, EventReceiver, EventSender, Lease, PrefetchLimit,
-    Publisher, Receipt, RevokeAck, SourceControl, SourceEvent, Subscription, Transport, TransportError,
+    event_channel, Assignment, BatchSender, Commit, Departure, EventReceiver, EventSender, Lease,
+    PrefetchLimit, Publisher, Receipt, RevokeAck, SourceControl, SourceEvent, Subscription, Transport,
+    TransportError,
 };
 pub use typed::{typed, Codec, Json};

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use convoy_core::{DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, TransportError};
+use convoy_core::{BatchSender, DeadLetter, DeadLetterSink, OutgoingMessage, Receipt, TransportError};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
@@ -52,11 +52,6 @@ impl KafkaPublisher {
         &self.topic
     }
 
-    async fn send(&self, message: &OutgoingMessage) -> Result<Receipt, TransportError> {
-        let mut receipts = self.send_all(std::slice::from_ref(message)).await?;
-        receipts.pop().ok_or(TransportError::Closed)
-    }
-
     fn record<'a>(
         &'a self,
         message: &'a OutgoingMessage,
@@ -85,6 +80,13 @@ impl KafkaPublisher {
             source: source_id(&self.topic, partition),
             offset: offset.max(0) as u64,
         }
+    }
+}
+
+#[async_trait]
+impl BatchSender for KafkaPublisher {
+    fn stamps(&self) -> bool {
+        self.stamp
     }
 
     /// Enqueues every message before awaiting any confirmation: librdkafka keeps enqueue order
@@ -119,23 +121,6 @@ impl KafkaPublisher {
     }
 }
 
-#[async_trait]
-impl Publisher for KafkaPublisher {
-    async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
-        if self.stamp {
-            message.stamp();
-        }
-        self.send(&message).await
-    }
-
-    async fn publish_all(&self, mut messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
-        if self.stamp {
-            messages.iter_mut().for_each(OutgoingMessage::stamp);
-        }
-        self.send_all(&messages).await
-    }
-}
-
 /// Dead letters to a Kafka topic: original key, payload and headers plus the reason headers.
 #[derive(Clone)]
 pub struct KafkaDeadLetterSink {
@@ -154,6 +139,9 @@ impl KafkaDeadLetterSink {
 #[async_trait]
 impl DeadLetterSink for KafkaDeadLetterSink {
     async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
-        self.publisher.send(&dead_letter.to_outgoing()).await.map(|_| ())
+        self.publisher
+            .send_one(&dead_letter.to_outgoing())
+            .await
+            .map(|_| ())
     }
 }

@@ -40,7 +40,7 @@ use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_trait::async_trait;
 use convoy_core::partitioner::partition_for_key;
 use convoy_core::{
-    DeadLetter, DeadLetterSink, OutgoingMessage, Publisher, Receipt, SourceId, TransportError,
+    BatchSender, DeadLetter, DeadLetterSink, OutgoingMessage, Receipt, SourceId, TransportError,
     EVENT_ID_HEADER,
 };
 use tokio::sync::OnceCell;
@@ -140,37 +140,6 @@ impl NatsPublisher {
         }
     }
 
-    /// Publishes in order, pipelined; returns once every message is acknowledged.
-    async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
-        let connected = self.connection().await?;
-        let mut receipts = Vec::with_capacity(messages.len());
-        let mut pending: VecDeque<(SourceId, PublishAckFuture)> = VecDeque::new();
-        for message in messages {
-            if pending.len() >= IN_FLIGHT {
-                if let Some((source, ack)) = pending.pop_front() {
-                    receipts.push(self.acknowledged(source, ack).await?);
-                }
-            }
-            let (subject, source) = self.place(message);
-            let mut headers = to_header_map(message.key.as_ref(), &message.headers);
-            if let Some(id) = message.headers.get_str(EVENT_ID_HEADER) {
-                if let Ok(id) = id.parse::<async_nats::HeaderValue>() {
-                    headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
-                }
-            }
-            let ack = connected
-                .js
-                .publish_with_headers(subject, headers, message.payload.clone())
-                .await
-                .map_err(|e| self.failure(e))?;
-            pending.push_back((source, ack));
-        }
-        for (source, ack) in pending {
-            receipts.push(self.acknowledged(source, ack).await?);
-        }
-        Ok(receipts)
-    }
-
     async fn acknowledged(&self, source: SourceId, ack: PublishAckFuture) -> Result<Receipt, TransportError> {
         let ack = ack.await.map_err(|e| self.failure(e))?;
         Ok(Receipt {
@@ -201,20 +170,40 @@ impl NatsPublisher {
 }
 
 #[async_trait]
-impl Publisher for NatsPublisher {
-    async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
-        if self.stamp {
-            message.stamp();
-        }
-        let mut receipts = self.send_all(std::slice::from_ref(&message)).await?;
-        receipts.pop().ok_or(TransportError::Closed)
+impl BatchSender for NatsPublisher {
+    fn stamps(&self) -> bool {
+        self.stamp
     }
 
-    async fn publish_all(&self, mut messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
-        if self.stamp {
-            messages.iter_mut().for_each(OutgoingMessage::stamp);
+    /// Publishes in order, pipelined; returns once every message is acknowledged.
+    async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {
+        let connected = self.connection().await?;
+        let mut receipts = Vec::with_capacity(messages.len());
+        let mut pending: VecDeque<(SourceId, PublishAckFuture)> = VecDeque::new();
+        for message in messages {
+            if pending.len() >= IN_FLIGHT {
+                if let Some((source, ack)) = pending.pop_front() {
+                    receipts.push(self.acknowledged(source, ack).await?);
+                }
+            }
+            let (subject, source) = self.place(message);
+            let mut headers = to_header_map(message.key.as_ref(), &message.headers);
+            if let Some(id) = message.headers.get_str(EVENT_ID_HEADER) {
+                if let Ok(id) = id.parse::<async_nats::HeaderValue>() {
+                    headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+                }
+            }
+            let ack = connected
+                .js
+                .publish_with_headers(subject, headers, message.payload.clone())
+                .await
+                .map_err(|e| self.failure(e))?;
+            pending.push_back((source, ack));
         }
-        self.send_all(&messages).await
+        for (source, ack) in pending {
+            receipts.push(self.acknowledged(source, ack).await?);
+        }
+        Ok(receipts)
     }
 }
 
@@ -238,7 +227,7 @@ impl NatsDeadLetterSink {
 impl DeadLetterSink for NatsDeadLetterSink {
     async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
         self.publisher
-            .send_all(std::slice::from_ref(&dead_letter.to_outgoing()))
+            .send_one(&dead_letter.to_outgoing())
             .await
             .map(|_| ())
     }

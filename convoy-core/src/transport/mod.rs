@@ -25,11 +25,13 @@ use async_trait::async_trait;
 
 use crate::message::{Offset, OutgoingMessage, SourceId};
 
+mod batches;
 mod departure;
 mod events;
 mod lease;
 mod member;
 
+pub use batches::BatchSender;
 pub use departure::Departure;
 pub use lease::Lease;
 pub use member::{MemberControl, MemberSources};
