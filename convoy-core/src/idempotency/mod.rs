@@ -72,12 +72,13 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
 ///   table that stays in cache. (With the ids inside the table, 100,000 of 48 bytes, the
 ///   eviction's probe missed the cache for every id recorded.)
 /// - Ids derived from a position (source, offset), what a message has that its producer did not
-///   stamp (a producer other than convoy's, `without_stamps`, the memory broker): per source, every finished offset among its newest 16,384 and up to 1,024 runs of
-///   finished offsets below them (a gapless stretch of any length is one run), for up to 1,024
-///   sources, the one recorded into longest ago forgotten first. Recording one sets a bit in a
-///   word the source's previous messages just set bits in; kept in the ring instead, it cost
-///   three random probes into memory out of cache — measured as 30 % of the in-memory
-///   scenario's throughput.
+///   stamp (a producer other than convoy's, `without_stamps`, the memory broker): per source,
+///   every finished offset among its newest 16,384 and up to 1,024 runs of finished offsets
+///   below them (a gapless stretch of any length is one run), for up to 1,024 sources, the one
+///   recorded into longest ago forgotten first. Recording one sets a bit in a word the
+///   source's previous messages just set bits in; kept in the ring instead, it cost three
+///   random probes into memory out of cache — measured as 30 % of the in-memory scenario's
+///   throughput.
 pub struct MemoryIdempotencyStore {
     stripes: Box<[Mutex<Stripe>]>,
     positions: Box<[Mutex<Sources>]>,
