@@ -386,7 +386,8 @@ impl<'m> Remembered<'m> {
     async fn remember(self) {
         match self {
             Remembered::Off => {}
-            Remembered::Memory(store, hash, id) => store.insert_hashed(hash, id),
+            // Checked by `seen` before the message was handled (a header id always is).
+            Remembered::Memory(store, hash, id) => store.insert_checked(hash, id),
             Remembered::Custom(store, id) => {
                 if let Err(id) = store.insert_now(id) {
                     store.insert(id).await;

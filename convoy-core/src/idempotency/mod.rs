@@ -125,7 +125,7 @@ struct Stripe {
     /// every lookup stay in cache; the ring is read only for a slot whose tag matches.
     index: HashTable<u32>,
     /// The ids held (with their hashes) in insertion order: a ring of `share` slots, the
-    /// oldest overwritten first. Ids are unique in a stripe.
+    /// oldest overwritten first.
     ring: Vec<(u64, Stored)>,
     /// The oldest slot once the ring is full: where the next id goes.
     next: usize,
@@ -158,9 +158,15 @@ impl Stripe {
     }
 
     fn insert(&mut self, hash: u64, id: &[u8]) {
-        if self.contains(hash, id) {
-            return;
+        if !self.contains(hash, id) {
+            self.insert_absent(hash, id);
         }
+    }
+
+    /// Records an id its caller just found absent. Should another caller have recorded the same
+    /// id in between, the ring holds it twice until the older copy is overwritten; lookups and
+    /// evictions (by ring slot) answer the same.
+    fn insert_absent(&mut self, hash: u64, id: &[u8]) {
         let entry = (hash, Stored::of(id));
         let at = if self.ring.len() < self.share {
             self.ring.push(entry);
@@ -262,6 +268,16 @@ impl MemoryIdempotencyStore {
         }
     }
 
+    /// [`insert_hashed`](Self::insert_hashed) for an id [`contains_hashed`](Self::contains_hashed)
+    /// just answered `false` for (a lane records what it checked before handling): a header id
+    /// is not looked up a second time.
+    pub(crate) fn insert_checked(&self, hash: u64, id: IdRef<'_>) {
+        match id {
+            IdRef::Header(id) => locked(&self.stripes, hash).insert_absent(hash, id),
+            IdRef::Position(source, offset) => locked(&self.positions, hash).insert(hash, source, offset),
+        }
+    }
+
     fn contains_id(&self, id: IdRef<'_>) -> bool {
         self.contains_hashed(self.hash(id), id)
     }
@@ -339,6 +355,25 @@ mod tests {
         for older in 0..984 {
             assert!(!stripe.contains(hash(older), &id(older)));
         }
+    }
+
+    #[test]
+    fn an_id_recorded_twice_unchecked_answers_until_its_newer_copy_is_overwritten() {
+        let store = MemoryIdempotencyStore::new(STRIPES);
+        let mut stripe = Stripe::new(4);
+        let id = |i: usize| Bytes::from(format!("evt-{i}"));
+        let hash = |i: usize| store.hash(IdRef::Header(&id(i)));
+        // Two lanes checked id 0, found it absent, and both recorded it.
+        stripe.insert_absent(hash(0), &id(0));
+        stripe.insert_absent(hash(0), &id(0));
+        for i in 1..=3 {
+            stripe.insert(hash(i), &id(i));
+        }
+        assert_eq!(stripe.index.len(), 4, "bounded by the ring");
+        assert!(stripe.contains(hash(0), &id(0)), "the newer copy is held");
+        stripe.insert(hash(4), &id(4));
+        assert!(!stripe.contains(hash(0), &id(0)), "both copies overwritten");
+        assert!((1..=4).all(|i| stripe.contains(hash(i), &id(i))));
     }
 
     #[tokio::test]
