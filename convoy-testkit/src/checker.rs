@@ -144,8 +144,8 @@ impl KeyGuard<'_> {
     /// [`OrderChecker::handled`] and dropping the guard do in two).
     pub fn handled(mut self, seq: u64, latency: Option<Duration>) {
         self.inside = false;
-        self.checker.handled.fetch_add(1, Relaxed);
-        self.checker.finish(self.hash, self.key, seq, latency, true);
+        self.checker
+            .record_handled(self.hash, self.key, seq, latency, true);
     }
 }
 
@@ -246,8 +246,12 @@ impl OrderChecker {
 
     /// Records a successful handling, with its latency if measured.
     pub fn handled(&self, key: &[u8], seq: u64, latency: Option<Duration>) {
+        self.record_handled(self.hasher.hash_one(key), key, seq, latency, false);
+    }
+
+    fn record_handled(&self, hash: u64, key: &[u8], seq: u64, latency: Option<Duration>, leaving: bool) {
         self.handled.fetch_add(1, Relaxed);
-        self.finish(self.hasher.hash_one(key), key, seq, latency, false);
+        self.finish(hash, key, seq, latency, leaving);
     }
 
     /// Records a confirmed dead letter.

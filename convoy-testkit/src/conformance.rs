@@ -720,8 +720,7 @@ pub async fn malformed_payload_dead_letters(target: &dyn ConformanceTarget) {
         let checker = probe_checker.clone();
         async move {
             let key = d.key().cloned().unwrap_or_default();
-            let _guard = checker.enter(&key);
-            checker.handled(&key, seq, None);
+            checker.enter(&key).handled(seq, None);
             Ok::<(), HandlerError>(())
         }
     });

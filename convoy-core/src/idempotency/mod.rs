@@ -317,6 +317,11 @@ mod tests {
     use crate::message::{Message, EVENT_ID_HEADER};
     use bytes::Bytes;
 
+    /// The header id numbered `i`.
+    fn evt(i: usize) -> Bytes {
+        Bytes::from(format!("evt-{i}"))
+    }
+
     #[tokio::test]
     async fn remembers_and_forgets_the_oldest_past_capacity() {
         let store = MemoryIdempotencyStore::new(STRIPES * 2);
@@ -325,7 +330,7 @@ mod tests {
         store.insert(a.clone()).await;
         store.insert(a.clone()).await;
         assert!(store.contains(&a).await);
-        let id = |i: u64| EventId::Header(Bytes::from(format!("evt-{i}")));
+        let id = |i: usize| EventId::Header(evt(i));
         for i in 0..10_000 {
             store.insert(id(i)).await;
         }
@@ -339,8 +344,7 @@ mod tests {
     fn a_stripe_remembers_exactly_its_newest_share() {
         let store = MemoryIdempotencyStore::new(STRIPES);
         let mut stripe = Stripe::new(16);
-        let id = |i: usize| Bytes::from(format!("evt-{i}"));
-        let hash = |i: usize| store.hash(IdRef::Header(&id(i)));
+        let (id, hash) = (evt, |i: usize| store.hash(IdRef::Header(&evt(i))));
         for i in 0..1_000 {
             stripe.insert(hash(i), &id(i));
             stripe.insert(hash(i), &id(i)); // a repeat is not a new id
@@ -361,8 +365,7 @@ mod tests {
     fn an_id_recorded_twice_unchecked_answers_until_its_newer_copy_is_overwritten() {
         let store = MemoryIdempotencyStore::new(STRIPES);
         let mut stripe = Stripe::new(4);
-        let id = |i: usize| Bytes::from(format!("evt-{i}"));
-        let hash = |i: usize| store.hash(IdRef::Header(&id(i)));
+        let (id, hash) = (evt, |i: usize| store.hash(IdRef::Header(&evt(i))));
         // Two lanes checked id 0, found it absent, and both recorded it.
         stripe.insert_absent(hash(0), &id(0));
         stripe.insert_absent(hash(0), &id(0));
