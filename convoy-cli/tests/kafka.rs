@@ -1,5 +1,5 @@
 //! The `convoy` binary against the Kafka-protocol broker named by `CONVOY_KAFKA_BOOTSTRAP`
-//! (scripts/test starts Tansu and sets it): the scenarios of `scenarios/`.
+//! (scripts/test starts Apache Kafka and sets it): the scenarios of `scenarios/`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,10 +17,10 @@ fn bootstrap() -> Option<String> {
     b
 }
 
-/// A URL with fast group joins (Tansu takes half the session timeout per join).
+/// A URL naming the group and the topic.
 fn url(bootstrap: &str, group: &str, topic: &str) -> String {
     format!(
-        "kafka://{bootstrap}?group={group}&topics={topic}&session_timeout_ms=6000&heartbeat.interval.ms=500"
+        "kafka://{bootstrap}?group={group}&topics={topic}"
     )
 }
 
@@ -34,7 +34,7 @@ async fn a_dead_letter_replayed_after_the_fix_is_handled_in_order() {
 #[test]
 fn bench_runs_the_seed_scenario_on_kafka() {
     let Some(bootstrap) = bootstrap() else { return };
-    let url = format!("kafka://{bootstrap}?session_timeout_ms=6000&heartbeat.interval.ms=500");
+    let url = format!("kafka://{bootstrap}");
     scenarios::bench_seed(&url, "kafka");
 }
 
@@ -45,7 +45,7 @@ fn bench_drains_a_prefilled_topic_with_a_fresh_group_each_run() {
     let Some(bootstrap) = bootstrap() else { return };
     let topic = unique("prefilled");
     let url = format!(
-        "kafka://{bootstrap}?topics={topic}&partitions=4&session_timeout_ms=6000&heartbeat.interval.ms=500"
+        "kafka://{bootstrap}?topics={topic}&partitions=4"
     );
     let produced = scenarios::convoy(&[
         "--url",

@@ -124,10 +124,6 @@ impl KafkaBed {
             format!("convoy-bench-group-{unique}"),
             &[topic.as_str()],
         );
-        config.session_timeout_ms = 6_000;
-        config
-            .properties
-            .insert("heartbeat.interval.ms".into(), "500".into());
         // Room for a pre-filled topic in the producer's queue; --property overrides any default.
         config
             .properties

@@ -8,6 +8,9 @@
 //! ```
 //! `SLOW_KEY=MS` makes one key's messages take longer, so its partition's watermark lags while
 //! other keys finish above it (what the offset map in commit metadata is for).
+//! `PROBE_KAFKA_PARAMS` (`name=value&…`, as in a `kafka://` URL) sets more of the consumer's
+//! settings, e.g. `group_protocol=consumer` or `assignor=range`; `CONVOY_KAFKA_DEBUG` sets
+//! librdkafka's `debug` contexts (e.g. `cgrp`).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -45,10 +48,16 @@ async fn main() -> ExitCode {
         }
     };
     let mut config = KafkaConfig::new(bootstrap.as_str(), group.as_str(), &[topic.as_str()]);
-    config.session_timeout_ms = 6_000;
-    config
-        .properties
-        .insert("heartbeat.interval.ms".into(), "500".into());
+    let params = std::env::var("PROBE_KAFKA_PARAMS").unwrap_or_default();
+    for (name, value) in params.split('&').filter_map(|p| p.split_once('=')) {
+        if let Err(e) = config.apply_param(name, value) {
+            eprintln!("PROBE_KAFKA_PARAMS: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    if let Ok(debug) = std::env::var("CONVOY_KAFKA_DEBUG") {
+        config.properties.insert("debug".into(), debug);
+    }
     let pid = std::process::id();
     let handler = handler_fn(move |d: Delivery| {
         let file = file.clone();

@@ -13,9 +13,6 @@ use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 use crate::config::KafkaConfig;
 use crate::convert::{source_id, to_message};
 
-/// How long [`read_topic`] keeps reading after the reported ends for messages they missed.
-const SETTLE: Duration = Duration::from_millis(1_500);
-
 /// How long a metadata request may take before the broker counts as unreachable.
 pub const REACH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -73,9 +70,8 @@ pub async fn create_topics(config: &KafkaConfig, topics: &[(&str, i32)]) -> Resu
 }
 
 /// Every message of `topic` from the beginning of each partition to its end at the time of
-/// the call, without joining a group or committing: until the reported ends were reached and
-/// nothing more arrived for 1.5 s (end offsets can be reported late), or nothing arrived for
-/// `idle`.
+/// the call, without joining a group or committing: until every partition is read to the end
+/// its high watermark gave, or nothing arrived for `idle`.
 pub async fn read_topic(
     config: &KafkaConfig,
     topic: &str,
@@ -98,11 +94,9 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
         .filter(|t| t.name() == topic && t.error().is_none())
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
-    // The end of each partition now; partitions read to their end are dropped. Reaching the
-    // reported ends is not trusted to be the end: some brokers (Tansu's memory storage) report
-    // end offsets late or wrongly, and a dead letter must not go unseen. So reading goes on until
-    // nothing arrived for `SETTLE` (longer than a fetch long-poll) after the reported ends, or
-    // for `idle` before them.
+    // The end of each partition now: reading stops once every partition is read up to it (its
+    // position, which also moves past transaction markers, reached it), or when nothing arrived
+    // for `idle` before then.
     let mut remaining = std::collections::BTreeMap::new();
     let mut assignment = TopicPartitionList::new();
     for p in partitions {
@@ -116,7 +110,7 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
             .add_partition_offset(topic, p, KafkaOffset::Beginning)
             .map_err(|e| TransportError::broker("assigning partitions", e))?;
     }
-    if assignment.count() == 0 {
+    if remaining.is_empty() {
         return Ok(Vec::new());
     }
     reader
@@ -124,28 +118,25 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
         .map_err(|e| TransportError::broker(format!("assigning the partitions of {topic}"), e))?;
     let mut messages = Vec::new();
     let mut last_progress = Instant::now();
-    while last_progress.elapsed()
-        < if remaining.is_empty() {
-            SETTLE.min(idle)
-        } else {
-            idle
-        }
-    {
+    while !remaining.is_empty() && last_progress.elapsed() < idle {
         match reader.poll(Duration::from_millis(100)) {
             Some(Ok(record)) => {
                 use rdkafka::Message as _;
-                let partition = record.partition();
-                messages.push(to_message(&record, &source_id(topic, partition)));
-                if remaining
-                    .get(&partition)
-                    .is_some_and(|end| record.offset() + 1 >= *end)
-                {
-                    remaining.remove(&partition);
-                }
+                messages.push(to_message(&record, &source_id(topic, record.partition())));
                 last_progress = Instant::now();
             }
             Some(Err(e)) => return Err(TransportError::broker(format!("reading {topic}"), e)),
             None => {}
+        }
+        let positions = reader
+            .position()
+            .map_err(|e| TransportError::broker(format!("reading the positions in {topic}"), e))?;
+        for e in positions.elements() {
+            if let KafkaOffset::Offset(at) = e.offset() {
+                if remaining.get(&e.partition()).is_some_and(|end| at >= *end) {
+                    remaining.remove(&e.partition());
+                }
+            }
         }
     }
     messages.sort_by(|a, b| (a.source.as_str(), a.offset).cmp(&(b.source.as_str(), b.offset)));

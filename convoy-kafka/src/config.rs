@@ -22,6 +22,30 @@ pub enum Assignor {
     RoundRobin,
 }
 
+/// Which consumer-group protocol the consumer speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GroupProtocol {
+    /// The classic protocol: the group leader assigns with `assignor`, the client's
+    /// `session_timeout_ms` bounds a member's silence.
+    #[default]
+    Classic,
+    /// KIP-848 (`group.protocol=consumer`, Kafka 4.0+): the broker assigns partitions and
+    /// sets the session timeout (`group.consumer.session.timeout.ms`); rebalances are
+    /// incremental. `session_timeout_ms` and `assignor` must be left unset (the property
+    /// `group.remote.assignor` chooses the broker's assignor).
+    Consumer,
+}
+
+impl GroupProtocol {
+    fn name(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+}
+
 impl Assignor {
     fn strategy(self) -> &'static str {
         match self {
@@ -40,9 +64,9 @@ fn default_offset_map_max_bytes() -> usize {
     crate::offset_map::DEFAULT_MAX_METADATA
 }
 
-fn default_session_timeout_ms() -> u64 {
-    10_000
-}
+/// convoy's session timeout for the classic protocol: a killed member's partitions move on
+/// after 10 s (librdkafka's own default is 45 s; Kafka accepts 6 s and more by default).
+const DEFAULT_SESSION_TIMEOUT_MS: u64 = 10_000;
 
 /// Everything convoy-kafka needs to consume and publish.
 ///
@@ -61,12 +85,17 @@ pub struct KafkaConfig {
     /// Dead-letter topic; defaults to `<first topic>.dlq`.
     #[serde(default)]
     pub dlq_topic: Option<String>,
-    /// Group session timeout (a member's crash is noticed after this long).
-    #[serde(default = "default_session_timeout_ms")]
-    pub session_timeout_ms: u64,
-    /// Partition assignor.
+    /// The consumer-group protocol: `classic` (default) or `consumer` (KIP-848).
     #[serde(default)]
-    pub assignor: Assignor,
+    pub group_protocol: GroupProtocol,
+    /// Group session timeout under the classic protocol (a member's crash is noticed after
+    /// this long); unset: 10 s. Under the consumer protocol the broker sets it.
+    #[serde(default)]
+    pub session_timeout_ms: Option<u64>,
+    /// Partition assignor under the classic protocol; unset: cooperative-sticky. Under the
+    /// consumer protocol the broker assigns.
+    #[serde(default)]
+    pub assignor: Option<Assignor>,
     /// How long a revoke waits for the engine to drain and commit before the partitions are
     /// released anyway (the revoke's deadline; the engine cancels their work before it). Must
     /// be below `max.poll.interval.ms`, which bounds the whole rebalance, and above the
@@ -84,7 +113,7 @@ pub struct KafkaConfig {
 
 /// Properties convoy sets itself, and what to use instead: overriding them would break its
 /// guarantees, or be silently ignored.
-const RESERVED: [(&str, &str); 12] = [
+const RESERVED: [(&str, &str); 13] = [
     (
         "enable.auto.commit",
         "auto commit must stay off: convoy commits the contiguous watermark",
@@ -96,6 +125,7 @@ const RESERVED: [(&str, &str); 12] = [
     ("group.id", "use group_id (URL parameter group)"),
     ("bootstrap.servers", "use bootstrap_servers (the URL's address)"),
     ("session.timeout.ms", "use session_timeout_ms"),
+    ("group.protocol", "use group_protocol (classic or consumer)"),
     ("partition.assignment.strategy", "use assignor"),
     (
         "queued.min.messages",
@@ -136,6 +166,7 @@ impl fmt::Debug for KafkaConfig {
             .field("group_id", &self.group_id)
             .field("topics", &self.topics)
             .field("dlq_topic", &self.dlq_topic)
+            .field("group_protocol", &self.group_protocol)
             .field("session_timeout_ms", &self.session_timeout_ms)
             .field("assignor", &self.assignor)
             .field("revoke_timeout_ms", &self.revoke_timeout_ms)
@@ -153,8 +184,9 @@ impl KafkaConfig {
             group_id: group_id.into(),
             topics: topics.iter().map(|t| (*t).to_owned()).collect(),
             dlq_topic: None,
-            session_timeout_ms: default_session_timeout_ms(),
-            assignor: Assignor::default(),
+            group_protocol: GroupProtocol::default(),
+            session_timeout_ms: None,
+            assignor: None,
             revoke_timeout_ms: default_revoke_timeout_ms(),
             offset_map_max_bytes: default_offset_map_max_bytes(),
             properties: BTreeMap::new(),
@@ -162,7 +194,8 @@ impl KafkaConfig {
     }
 
     /// Sets one field or librdkafka property by name, as a URL parameter gives it:
-    /// `session_timeout_ms`, `assignor`, `revoke_timeout_ms`, `offset_map_max_bytes`, or any
+    /// `group_protocol`, `session_timeout_ms`, `assignor`, `revoke_timeout_ms`,
+    /// `offset_map_max_bytes`, or any
     /// name with a dot (a librdkafka property such as `security.protocol` or
     /// `fetch.wait.max.ms`).
     pub fn apply_param(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
@@ -172,7 +205,19 @@ impl KafkaConfig {
                 .map_err(|_| ConfigError::invalid(field, format!("expected a number, got {value:?}")))
         };
         match name {
-            "session_timeout_ms" => self.session_timeout_ms = number(name)?,
+            "session_timeout_ms" => self.session_timeout_ms = Some(number(name)?),
+            "group_protocol" => {
+                self.group_protocol = match value {
+                    "classic" => GroupProtocol::Classic,
+                    "consumer" => GroupProtocol::Consumer,
+                    other => {
+                        return Err(ConfigError::invalid(
+                            "group_protocol",
+                            format!("expected classic or consumer, got {other:?}"),
+                        ))
+                    }
+                }
+            }
             "revoke_timeout_ms" => self.revoke_timeout_ms = number(name)?,
             "offset_map_max_bytes" => {
                 self.offset_map_max_bytes = usize::try_from(number(name)?).unwrap_or(usize::MAX)
@@ -184,7 +229,7 @@ impl KafkaConfig {
                 ))
             }
             "assignor" => {
-                self.assignor = match value {
+                self.assignor = Some(match value {
                     "cooperative-sticky" => Assignor::CooperativeSticky,
                     "range" => Assignor::Range,
                     "roundrobin" | "round-robin" => Assignor::RoundRobin,
@@ -194,7 +239,7 @@ impl KafkaConfig {
                             format!("expected cooperative-sticky, range or roundrobin, got {other:?}"),
                         ))
                     }
-                }
+                })
             }
             property if property.contains('.') => {
                 self.properties.insert(property.to_owned(), value.to_owned());
@@ -202,8 +247,9 @@ impl KafkaConfig {
             other => {
                 return Err(ConfigError::invalid(
                     other,
-                    "unknown Kafka setting: use session_timeout_ms, assignor, revoke_timeout_ms, \
-                     offset_map_max_bytes, or a librdkafka property (its name contains a dot)",
+                    "unknown Kafka setting: use group_protocol, session_timeout_ms, assignor, \
+                     revoke_timeout_ms, offset_map_max_bytes, or a librdkafka property (its name \
+                     contains a dot)",
                 ))
             }
         }
@@ -254,11 +300,17 @@ impl KafkaConfig {
                 ));
             }
         }
-        if !(1_000..=3_600_000).contains(&self.session_timeout_ms) {
+        if self
+            .session_timeout_ms
+            .is_some_and(|ms| !(1_000..=3_600_000).contains(&ms))
+        {
             return Err(ConfigError::invalid(
                 "session_timeout_ms",
                 "must be between 1000 and 3600000",
             ));
+        }
+        if self.group_protocol == GroupProtocol::Consumer {
+            self.validate_consumer_protocol()?;
         }
         if let Some((name, instead)) = RESERVED
             .iter()
@@ -286,6 +338,34 @@ impl KafkaConfig {
                     self.revoke_timeout_ms
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// What the consumer protocol (KIP-848) leaves to the broker must not be set: librdkafka
+    /// refuses to create such a consumer, with a message that names no convoy setting.
+    fn validate_consumer_protocol(&self) -> Result<(), ConfigError> {
+        if self.session_timeout_ms.is_some() {
+            return Err(ConfigError::invalid(
+                "session_timeout_ms",
+                "with group_protocol=consumer the broker sets the session timeout \
+                 (group.consumer.session.timeout.ms): leave session_timeout_ms unset",
+            ));
+        }
+        if self.assignor.is_some() {
+            return Err(ConfigError::invalid(
+                "assignor",
+                "with group_protocol=consumer the broker assigns partitions: leave assignor \
+                 unset (the property group.remote.assignor picks uniform or range)",
+            ));
+        }
+        for property in ["heartbeat.interval.ms", "group.protocol.type"] {
+            if self.properties.contains_key(property) {
+                return Err(ConfigError::invalid(
+                    format!("properties.{property}"),
+                    "is the broker's with group_protocol=consumer (group.consumer.*): leave it unset",
+                ));
+            }
         }
         Ok(())
     }
@@ -333,8 +413,13 @@ impl KafkaConfig {
         c.set("group.id", &self.group_id)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("session.timeout.ms", self.session_timeout_ms.to_string())
-            .set("partition.assignment.strategy", self.assignor.strategy());
+            .set("group.protocol", self.group_protocol.name());
+        if self.group_protocol == GroupProtocol::Classic {
+            let session = self.session_timeout_ms.unwrap_or(DEFAULT_SESSION_TIMEOUT_MS);
+            let assignor = self.assignor.unwrap_or_default();
+            c.set("session.timeout.ms", session.to_string())
+                .set("partition.assignment.strategy", assignor.strategy());
+        }
         if !self.properties.contains_key("auto.offset.reset") {
             c.set("auto.offset.reset", "earliest");
         }
@@ -444,6 +529,7 @@ mod tests {
             consumer.get("partition.assignment.strategy"),
             Some("cooperative-sticky")
         );
+        assert_eq!(consumer.get("group.protocol"), Some("classic"));
         let producer = c.producer_config();
         assert_eq!(producer.get("enable.idempotence"), Some("true"));
         assert_eq!(producer.get("partitioner"), Some("murmur2_random"));
@@ -461,7 +547,34 @@ mod tests {
             (Box::new(|c| c.topics.clear()), "topics"),
             (Box::new(|c| c.topics = vec!["bad topic".into()]), "topics"),
             (Box::new(|c| c.dlq_topic = Some("orders".into())), "dlq_topic"),
-            (Box::new(|c| c.session_timeout_ms = 10), "session_timeout_ms"),
+            (Box::new(|c| c.session_timeout_ms = Some(10)), "session_timeout_ms"),
+            (
+                Box::new(|c| {
+                    c.group_protocol = GroupProtocol::Consumer;
+                    c.session_timeout_ms = Some(10_000);
+                }),
+                "session_timeout_ms",
+            ),
+            (
+                Box::new(|c| {
+                    c.group_protocol = GroupProtocol::Consumer;
+                    c.assignor = Some(Assignor::Range);
+                }),
+                "assignor",
+            ),
+            (
+                Box::new(|c| {
+                    c.group_protocol = GroupProtocol::Consumer;
+                    c.properties.insert("heartbeat.interval.ms".into(), "500".into());
+                }),
+                "properties.heartbeat.interval.ms",
+            ),
+            (
+                Box::new(|c| {
+                    c.properties.insert("group.protocol".into(), "consumer".into());
+                }),
+                "properties.group.protocol",
+            ),
             (
                 Box::new(|c| {
                     c.properties.insert("enable.auto.commit".into(), "true".into());
@@ -500,6 +613,22 @@ mod tests {
             change(&mut c);
             assert_eq!(c.validate().unwrap_err().field(), field);
         }
+    }
+
+    #[test]
+    fn the_consumer_protocol_leaves_assignment_and_sessions_to_the_broker() {
+        let mut c = valid();
+        c.apply_param("group_protocol", "consumer").unwrap();
+        c.properties
+            .insert("group.remote.assignor".into(), "uniform".into());
+        assert_eq!(c.validate(), Ok(()));
+        let consumer = c.consumer_config();
+        assert_eq!(consumer.get("group.protocol"), Some("consumer"));
+        assert_eq!(consumer.get("session.timeout.ms"), None);
+        assert_eq!(consumer.get("partition.assignment.strategy"), None);
+        assert_eq!(consumer.get("group.remote.assignor"), Some("uniform"));
+        let err = c.apply_param("group_protocol", "kip848").unwrap_err();
+        assert_eq!(err.field(), "group_protocol");
     }
 
     #[test]
@@ -555,8 +684,9 @@ mod tests {
             r#"{"bootstrap_servers":"127.0.0.1:9092","group_id":"g","topics":["t"],"assignor":"range"}"#,
         )
         .unwrap();
-        assert_eq!(c.assignor, Assignor::Range);
-        assert_eq!(c.session_timeout_ms, 10_000);
+        assert_eq!(c.assignor, Some(Assignor::Range));
+        assert_eq!(c.session_timeout_ms, None);
+        assert_eq!(c.consumer_config().get("session.timeout.ms"), Some("10000"));
         let err = serde_json::from_str::<KafkaConfig>(
             r#"{"bootstrap_servers":"x:1","group_id":"g","topics":["t"],"grup":1}"#,
         );

@@ -20,6 +20,6 @@ pub mod fatal;
 pub mod offset_map;
 pub mod producer;
 
-pub use config::{Assignor, KafkaConfig, Prefetch};
+pub use config::{Assignor, GroupProtocol, KafkaConfig, Prefetch};
 pub use consumer::KafkaTransport;
 pub use producer::{KafkaDeadLetterSink, KafkaPublisher};

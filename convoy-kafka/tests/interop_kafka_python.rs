@@ -22,7 +22,7 @@ async fn kafka_python_messages_are_consumed_in_per_key_order() {
         );
         return;
     };
-    let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, Default::default(), None).await;
+    let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, common::Protocol::Cooperative).await;
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../scripts/interop/kafka_python_produce.py"

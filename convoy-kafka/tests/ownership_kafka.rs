@@ -80,7 +80,7 @@ async fn a_handler_slower_than_the_revoke_deadline_never_overlaps_the_next_owner
     let Some(bootstrap) = common::bootstrap_or_skip() else {
         return;
     };
-    let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, convoy_kafka::Assignor::default(), None).await;
+    let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, common::Protocol::Cooperative).await;
     let checker = Arc::new(OrderChecker::new());
     publish_load(bed.publisher().as_ref(), &checker, "k", 40, 5)
         .await
@@ -132,7 +132,7 @@ async fn a_drain_timeout_above_the_revoke_timeout_is_refused_at_start() {
     let Some(bootstrap) = common::bootstrap_or_skip() else {
         return;
     };
-    let bed = common::KafkaBed::new(&bootstrap, 1, convoy_kafka::Assignor::default(), None).await;
+    let bed = common::KafkaBed::new(&bootstrap, 1, common::Protocol::Cooperative).await;
     let checker = Arc::new(OrderChecker::new());
     let mut config = test_config(bed.group());
     config.drain_timeout = Duration::from_secs(90);

@@ -32,7 +32,7 @@ async fn many_partitions_are_polled_by_a_bounded_pool_in_per_key_order() {
     let Some(bootstrap) = common::bootstrap_or_skip() else {
         return;
     };
-    let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, convoy_kafka::Assignor::default(), None).await;
+    let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, common::Protocol::Cooperative).await;
     let checker = Arc::new(OrderChecker::new());
     // 640 keys over 64 partitions, 10 messages each.
     publish_load(bed.publisher().as_ref(), &checker, "k", 640, 10)

@@ -8,6 +8,8 @@
 //! - [`conformance`]: the suite every transport must pass, with a macro that makes each case a test;
 //! - [`interop`]: messages another language's client produced, consumed in order from the right partitions;
 //! - [`memory`]: the memory transport's conformance target;
+//! - [`nodes`]: private broker processes (NATS, RabbitMQ, Kafka; single nodes and clusters) for
+//!   the tests that crash and restart them;
 //! - [`ownership`]: scenarios for transports whose members balance partitions themselves;
 //! - [`restarts`]: a broker killed and restarted twice under load, nothing lost;
 //! - [`scenario`]: the benchmark scenario runner (load, latency histogram, order check, baseline);
@@ -19,6 +21,7 @@ pub mod checker;
 pub mod conformance;
 pub mod interop;
 pub mod memory;
+pub mod nodes;
 pub mod ownership;
 pub mod probe;
 pub mod restarts;

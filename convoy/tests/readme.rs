@@ -76,7 +76,7 @@ async fn the_readme_ledger_on_kafka() {
         std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
     );
     let url = format!(
-        "kafka://{bootstrap}?group=billing-{unique}&session_timeout_ms=6000&heartbeat.interval.ms=500"
+        "kafka://{bootstrap}?group=billing-{unique}"
     );
     let balances = ledger(&url, &format!("ledger-{unique}")).await.unwrap();
     assert_eq!(balances.len(), 100);

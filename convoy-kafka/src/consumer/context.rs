@@ -183,7 +183,14 @@ impl ConsumerContext for ConvoyContext {
                 let all = partitions_of(tpl);
                 self.shared.stop_partitions(&all);
                 self.shared.control(SourceEvent::Lost(sources_of(&all)));
-                if let Err(e) = consumer.unassign() {
+                // Under an incremental protocol (cooperative-sticky, KIP-848) a plain unassign
+                // is refused.
+                let released = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(e) = released {
                     tracing::error!(error = %e, "unassigning after a rebalance error failed");
                 }
             }

@@ -1,5 +1,6 @@
 //! A Kafka conformance target: fresh topics and groups on the broker named by
-//! `CONVOY_KAFKA_BOOTSTRAP` (scripts/test starts Tansu and sets it).
+//! `CONVOY_KAFKA_BOOTSTRAP` (scripts/test starts Apache Kafka and sets it), in one of the group
+//! protocols.
 
 #![allow(dead_code, clippy::unwrap_used)] // shared by several test crates, each using a part
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use convoy_core::{Message, Offset, SourceId, TransportError};
 use convoy_kafka::convert::source_id;
-use convoy_kafka::{KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
+use convoy_kafka::{Assignor, GroupProtocol, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::conformance::{BedParts, Capabilities, ConformanceTarget, TestBed};
 pub use convoy_testkit::support::{init_tracing, unique};
 use convoy_testkit::support::{read_until, setting};
@@ -32,15 +33,42 @@ pub fn bootstrap_or_skip() -> Option<String> {
     found
 }
 
-/// Test settings: fast group joins (Tansu takes session.timeout/2 per join).
+/// A group protocol and, for the classic one, its assignor.
+#[derive(Clone, Copy, Debug)]
+pub enum Protocol {
+    /// Classic, cooperative-sticky (incremental): convoy's default.
+    Cooperative,
+    /// Classic, range (eager): every rebalance revokes every partition first.
+    Eager,
+    /// KIP-848 (`group.protocol=consumer`): the broker assigns.
+    Consumer,
+}
+
+impl Protocol {
+    /// Applies the protocol to a configuration.
+    pub fn apply(self, c: &mut KafkaConfig) {
+        match self {
+            Protocol::Cooperative => c.assignor = Some(Assignor::CooperativeSticky),
+            Protocol::Eager => c.assignor = Some(Assignor::Range),
+            Protocol::Consumer => c.group_protocol = GroupProtocol::Consumer,
+        }
+    }
+
+    /// As URL parameters (`convoy` URLs, the probe consumer's `PROBE_KAFKA_PARAMS`).
+    pub fn params(self) -> &'static str {
+        match self {
+            Protocol::Cooperative => "assignor=cooperative-sticky",
+            Protocol::Eager => "assignor=range",
+            Protocol::Consumer => "group_protocol=consumer",
+        }
+    }
+}
+
+/// Test settings: librdkafka's defaults, but for the revoke timeout.
 pub fn test_config(bootstrap: &str, group: &str, topic: &str) -> KafkaConfig {
     let mut c = KafkaConfig::new(bootstrap, group, &[topic]);
-    c.session_timeout_ms = 6_000;
     // Above the conformance drain timeout (8 s), so revokes drain fully in tests.
     c.revoke_timeout_ms = 15_000;
-    c.properties.insert("heartbeat.interval.ms".into(), "500".into());
-    c.properties
-        .insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
     if let Ok(debug) = std::env::var("CONVOY_KAFKA_DEBUG") {
         c.properties.insert("debug".into(), debug);
     }
@@ -59,8 +87,7 @@ pub type TopicCreator = Arc<dyn Fn(&str, i32) + Send + Sync>;
 
 pub struct KafkaTarget {
     bootstrap: Option<String>,
-    assignor: convoy_kafka::Assignor,
-    create: Option<TopicCreator>,
+    protocol: Protocol,
 }
 
 /// What the mock cluster's thread is asked to do.
@@ -136,32 +163,12 @@ fn mock() -> Mock {
 }
 
 impl KafkaTarget {
-    /// The default (cooperative-sticky) assignor.
-    pub fn from_env() -> Self {
+    /// The broker of `CONVOY_KAFKA_BOOTSTRAP`, groups speaking `protocol`.
+    pub fn from_env(protocol: Protocol) -> Self {
         init_tracing();
         KafkaTarget {
             bootstrap: bootstrap(),
-            assignor: convoy_kafka::Assignor::default(),
-            create: None,
-        }
-    }
-
-    /// A target on librdkafka's mock cluster with `assignor`.
-    pub fn on_mock(assignor: convoy_kafka::Assignor) -> Self {
-        init_tracing();
-        let (bootstrap, create) = mock_cluster();
-        KafkaTarget {
-            bootstrap: Some(bootstrap),
-            assignor,
-            create: Some(create),
-        }
-    }
-
-    /// An eager assignor: every rebalance revokes every partition first.
-    pub fn eager() -> Self {
-        KafkaTarget {
-            assignor: convoy_kafka::Assignor::Range,
-            ..KafkaTarget::from_env()
+            protocol,
         }
     }
 }
@@ -174,26 +181,13 @@ pub struct KafkaBed {
 }
 
 impl KafkaBed {
-    pub async fn new(
-        bootstrap: &str,
-        partitions: u32,
-        assignor: convoy_kafka::Assignor,
-        create: Option<&TopicCreator>,
-    ) -> Self {
+    pub async fn new(bootstrap: &str, partitions: u32, protocol: Protocol) -> Self {
         let topic = unique("convoy-test");
         let group = unique("convoy-group");
         let mut config = test_config(bootstrap, &group, &topic);
-        config.assignor = assignor;
-        match create {
-            Some(create) => {
-                create(&topic, partitions as i32);
-                create(&config.dlq_topic(), 1);
-            }
-            None => {
-                create_topic(bootstrap, &topic, partitions as i32).await;
-                create_topic(bootstrap, &config.dlq_topic(), 1).await;
-            }
-        }
+        protocol.apply(&mut config);
+        create_topic(bootstrap, &topic, partitions as i32).await;
+        create_topic(bootstrap, &config.dlq_topic(), 1).await;
         KafkaBed {
             parts: BedParts {
                 publisher: Arc::new(KafkaPublisher::new(&config, &topic).unwrap()),
@@ -286,14 +280,12 @@ impl ConformanceTarget for KafkaTarget {
     fn skip_reason(&self) -> Option<String> {
         self.bootstrap
             .is_none()
-            .then(|| format!("{BOOTSTRAP_VAR} is not set (scripts/test sets it after starting Tansu)"))
+            .then(|| format!("{BOOTSTRAP_VAR} is not set (scripts/test sets it after starting Kafka)"))
     }
 
     async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError> {
         let bootstrap = self.bootstrap.as_deref().ok_or(TransportError::Closed)?;
-        Ok(Box::new(
-            KafkaBed::new(bootstrap, partitions, self.assignor, self.create.as_ref()).await,
-        ))
+        Ok(Box::new(KafkaBed::new(bootstrap, partitions, self.protocol).await))
     }
 }
 
