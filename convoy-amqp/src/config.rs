@@ -33,7 +33,9 @@ fn default_connect_timeout_ms() -> u64 {
 #[serde(deny_unknown_fields)]
 pub struct AmqpConfig {
     /// `amqp://user:password@host:port/vhost` (`%2f` is the `/` vhost); `amqps://` needs the
-    /// crate's `tls` feature.
+    /// crate's `tls` feature. The nodes of a cluster may be listed, comma-separated
+    /// (`amqp://user:password@host1:5672,host2:5672/vhost`): connections go to one of them and,
+    /// when it fails, to the next.
     pub uri: String,
     /// Consumer group: each group has its own partition queues and receives every message.
     pub group: String,
@@ -147,33 +149,48 @@ impl AmqpConfig {
         Ok(())
     }
 
-    /// The parsed URI (heartbeat applied), or an error naming `uri`.
-    pub fn parsed_uri(&self) -> Result<AMQPUri, ConfigError> {
-        let mut uri: AMQPUri = self
+    /// The parsed URI of each node listed (heartbeat applied), or an error naming `uri`.
+    pub fn parsed_uris(&self) -> Result<Vec<AMQPUri>, ConfigError> {
+        let bad = |e: String| ConfigError::invalid("uri", format!("{e} in {}", redact_uri(&self.uri)));
+        let (scheme, rest) = self
             .uri
-            .parse()
-            .map_err(|e: String| ConfigError::invalid("uri", format!("{e} in {}", redact_uri(&self.uri))))?;
-        if uri.vhost.is_empty() {
-            return Err(ConfigError::invalid(
-                "uri",
-                "the vhost is empty (a trailing `/`): use `/%2f` for the default vhost `/`, or name one",
-            ));
+            .split_once("://")
+            .ok_or_else(|| bad("expected amqp://… or amqps://…".into()))?;
+        let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+            None => (String::new(), authority),
+        };
+        let mut uris = Vec::new();
+        for host in hosts.split(',') {
+            if host.trim().is_empty() {
+                return Err(bad("an empty host in the list".into()));
+            }
+            let one = format!("{scheme}://{userinfo}{}{path}", host.trim());
+            let mut uri: AMQPUri = one.parse().map_err(bad)?;
+            if uri.vhost.is_empty() {
+                return Err(ConfigError::invalid(
+                    "uri",
+                    "the vhost is empty (a trailing `/`): use `/%2f` for the default vhost `/`, or name one",
+                ));
+            }
+            if matches!(uri.scheme, lapin::uri::AMQPScheme::AMQPS) && !cfg!(feature = "tls") {
+                return Err(ConfigError::invalid(
+                    "uri",
+                    "amqps:// needs TLS: build convoy-amqp with its `tls` feature (without it the \
+                     connection would not be encrypted)",
+                ));
+            }
+            uri.query.heartbeat = Some(self.heartbeat_s);
+            uris.push(uri);
         }
-        if matches!(uri.scheme, lapin::uri::AMQPScheme::AMQPS) && !cfg!(feature = "tls") {
-            return Err(ConfigError::invalid(
-                "uri",
-                "amqps:// needs TLS: build convoy-amqp with its `tls` feature (without it the \
-                 connection would not be encrypted)",
-            ));
-        }
-        uri.query.heartbeat = Some(self.heartbeat_s);
-        Ok(uri)
+        Ok(uris)
     }
 
     /// Checks every field; the error names the first bad one. `needs_topics`: a consumer must
     /// name its topics, a publisher need not.
     pub fn validate(&self, needs_topics: bool) -> Result<(), ConfigError> {
-        self.parsed_uri()?;
+        self.parsed_uris()?;
         if self.group.trim().is_empty() {
             return Err(ConfigError::invalid("group", "must not be empty"));
         }
@@ -267,7 +284,7 @@ mod tests {
         let c = valid();
         assert_eq!(c.validate(true), Ok(()));
         assert_eq!(c.dlq_topic(), "orders.dlq");
-        assert_eq!(c.parsed_uri().unwrap().vhost, "/");
+        assert_eq!(c.parsed_uris().unwrap()[0].vhost, "/");
     }
 
     #[test]
@@ -305,6 +322,34 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("app:<redacted>@rabbit:5672/%2fprod"), "{shown}");
+    }
+
+    #[test]
+    fn a_cluster_is_a_list_of_nodes_sharing_credentials_and_vhost() {
+        let mut c = valid();
+        c.uri = "amqp://app:pw@127.0.0.1:5672,127.0.0.1:5673, 10.0.0.3/%2fprod?frame_max=8192".into();
+        let uris = c.parsed_uris().unwrap();
+        let hosts: Vec<(String, u16)> = uris
+            .iter()
+            .map(|u| (u.authority.host.clone(), u.authority.port))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                ("127.0.0.1".to_owned(), 5672),
+                ("127.0.0.1".to_owned(), 5673),
+                ("10.0.0.3".to_owned(), 5672)
+            ]
+        );
+        assert!(uris
+            .iter()
+            .all(|u| u.vhost == "/prod" && u.authority.userinfo.password == "pw"));
+        assert!(uris
+            .iter()
+            .all(|u| u.query.frame_max == Some(8192) && u.query.heartbeat == Some(10)));
+        c.uri = "amqp://app:pw@127.0.0.1:5672,/%2f".into();
+        assert_eq!(c.validate(true).unwrap_err().field(), "uri");
+        assert!(!format!("{:?}", c).contains("pw@"));
     }
 
     #[test]

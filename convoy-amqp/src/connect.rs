@@ -2,6 +2,8 @@
 //! path), heartbeats on, lapin's automatic recovery left off — a lost connection's partitions are
 //! reported `Lost` and taken again on a new connection, since delivery tags restart with it.
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use convoy_core::TransportError;
@@ -11,28 +13,53 @@ use lapin::{Connection, ConnectionProperties, Event};
 use crate::config::{redact_uri, AmqpConfig};
 use crate::error::broker;
 
-/// Opens a connection named `<connection_name or convoy>-<role>`.
+/// Where the next connection starts in a cluster's list of nodes: connections spread over the
+/// nodes, and a node that just failed is tried last next time.
+static NEXT_NODE: AtomicUsize = AtomicUsize::new(0);
+
+/// Opens a connection named `<connection_name or convoy>-<role>` to one of the URI's nodes:
+/// each is tried in turn, bounded by the connect timeout, until one answers.
 pub async fn connect(config: &AmqpConfig, role: &str) -> Result<Connection, TransportError> {
-    let uri = config
-        .parsed_uri()
+    let uris = config
+        .parsed_uris()
         .map_err(|e| TransportError::Fatal(e.to_string()))?;
     let name = format!("{}-{role}", config.connection_name.as_deref().unwrap_or("convoy"));
-    let properties = ConnectionProperties::default().with_connection_name(name.into());
     let timeout = Duration::from_millis(config.connect_timeout_ms);
-    let connection = match tokio::time::timeout(timeout, Connection::connect_uri(uri, properties)).await {
-        Ok(Ok(connection)) => connection,
-        Ok(Err(e)) => {
-            return Err(broker(
-                &format!("connecting to RabbitMQ at {}", redact_uri(&config.uri)),
+    let start = NEXT_NODE.fetch_add(1, Relaxed);
+    let mut failures = Vec::new();
+    let mut last_error = None;
+    let mut opened = None;
+    for i in 0..uris.len() {
+        let uri = uris[(start + i) % uris.len()].clone();
+        let node = format!("{}:{}", uri.authority.host, uri.authority.port);
+        let properties = ConnectionProperties::default().with_connection_name(name.clone().into());
+        match tokio::time::timeout(timeout, Connection::connect_uri(uri, properties)).await {
+            Ok(Ok(connection)) => {
+                opened = Some(connection);
+                break;
+            }
+            Ok(Err(e)) => {
+                failures.push(format!("{node}: {e}"));
+                last_error = Some(e);
+            }
+            Err(_) => failures.push(format!("{node}: no answer within {timeout:?}")),
+        }
+        NEXT_NODE.fetch_add(1, Relaxed);
+    }
+    let Some(connection) = opened else {
+        let at = redact_uri(&config.uri);
+        return Err(match last_error {
+            // The classification (refused credentials are fatal, I/O errors are an outage)
+            // follows the last node's answer; every node's is in the text.
+            Some(e) if uris.len() > 1 => broker(
+                &format!("connecting to RabbitMQ at {at} ({})", failures.join("; ")),
                 e,
-            ))
-        }
-        Err(_) => {
-            return Err(TransportError::Unavailable(format!(
-                "no RabbitMQ answered at {} within {timeout:?}; is it running and is the address right?",
-                redact_uri(&config.uri)
-            )))
-        }
+            ),
+            Some(e) => broker(&format!("connecting to RabbitMQ at {at}"), e),
+            None => TransportError::Unavailable(format!(
+                "no RabbitMQ answered at {at} within {timeout:?}; is it running and is the address right?"
+            )),
+        });
     };
     // Events are only queued while someone listens: log them, so nothing piles up unread.
     let mut events = connection.events_listener();

@@ -19,9 +19,7 @@ fn bootstrap() -> Option<String> {
 
 /// A URL naming the group and the topic.
 fn url(bootstrap: &str, group: &str, topic: &str) -> String {
-    format!(
-        "kafka://{bootstrap}?group={group}&topics={topic}"
-    )
+    format!("kafka://{bootstrap}?group={group}&topics={topic}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -44,9 +42,7 @@ fn bench_runs_the_seed_scenario_on_kafka() {
 fn bench_drains_a_prefilled_topic_with_a_fresh_group_each_run() {
     let Some(bootstrap) = bootstrap() else { return };
     let topic = unique("prefilled");
-    let url = format!(
-        "kafka://{bootstrap}?topics={topic}&partitions=4"
-    );
+    let url = format!("kafka://{bootstrap}?topics={topic}&partitions=4");
     let produced = scenarios::convoy(&[
         "--url",
         &url,

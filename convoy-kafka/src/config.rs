@@ -547,7 +547,10 @@ mod tests {
             (Box::new(|c| c.topics.clear()), "topics"),
             (Box::new(|c| c.topics = vec!["bad topic".into()]), "topics"),
             (Box::new(|c| c.dlq_topic = Some("orders".into())), "dlq_topic"),
-            (Box::new(|c| c.session_timeout_ms = Some(10)), "session_timeout_ms"),
+            (
+                Box::new(|c| c.session_timeout_ms = Some(10)),
+                "session_timeout_ms",
+            ),
             (
                 Box::new(|c| {
                     c.group_protocol = GroupProtocol::Consumer;

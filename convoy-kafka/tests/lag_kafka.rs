@@ -31,7 +31,12 @@ fn lag_gauges(snapshotter: &Snapshotter) -> BTreeMap<String, f64> {
         .into_iter()
         .filter(|(key, _, _, _)| key.key().name() == "convoy_source_lag")
         .filter_map(|(key, _, _, value)| {
-            let source = key.key().labels().find(|l| l.key() == "source")?.value().to_owned();
+            let source = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "source")?
+                .value()
+                .to_owned();
             match value {
                 DebugValue::Gauge(g) => Some((source, g.into_inner())),
                 _ => None,
@@ -115,7 +120,10 @@ async fn the_lag_gauge_is_end_offset_minus_committed_paused_or_not() {
     let held_source = source_id(&bed.topic, held_partition).as_str().to_owned();
     let paused = lag_matches(&bed, &snapshotter, "paused").await;
     eprintln!("paused: lag {paused:?}");
-    assert!(paused[&held_source] > 0.0, "the paused partition has lag: {paused:?}");
+    assert!(
+        paused[&held_source] > 0.0,
+        "the paused partition has lag: {paused:?}"
+    );
     // More for the paused partition: its lag grows although nothing more is fetched.
     for _ in 0..25 {
         publish_probe(bed.publisher().as_ref(), &checker, held.clone())
@@ -127,7 +135,10 @@ async fn the_lag_gauge_is_end_offset_minus_committed_paused_or_not() {
     assert_eq!(grown[&held_source], paused[&held_source] + 25.0);
     assert_eq!(engine.stats().paused_sources, 1, "still paused");
     latch.release();
-    assert!(checker.wait_complete(Duration::from_secs(60)).await, "everything handled");
+    assert!(
+        checker.wait_complete(Duration::from_secs(60)).await,
+        "everything handled"
+    );
     let done = lag_matches(&bed, &snapshotter, "everything handled").await;
     assert!(done.values().all(|lag| *lag == 0.0), "{done:?}");
     let report = checker.report();

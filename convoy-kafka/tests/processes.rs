@@ -157,7 +157,12 @@ impl Setup {
     fn spawn(&self, args: &[&str]) -> Consumer {
         Consumer(
             Command::new(consumer_binary())
-                .args([&self.bootstrap, &self.topic, &self.group, self.log.to_str().unwrap()])
+                .args([
+                    &self.bootstrap,
+                    &self.topic,
+                    &self.group,
+                    self.log.to_str().unwrap(),
+                ])
                 .args(args)
                 .env("PROBE_KAFKA_PARAMS", self.protocol.params())
                 .stdin(Stdio::null())
@@ -183,7 +188,9 @@ impl Drop for Setup {
 /// so while a producer publishes; at the end every message was handled in per-key order, and
 /// what was handled twice is bounded by what a leave can leave uncommitted.
 async fn churn(protocol: Protocol) {
-    let Some(s) = Setup::new(6, protocol).await else { return };
+    let Some(s) = Setup::new(6, protocol).await else {
+        return;
+    };
     let s = Arc::new(s);
     let (keys, rounds, per_round) = (30, 10, 20);
     let producer = {
@@ -236,7 +243,10 @@ async fn churn(protocol: Protocol) {
         Protocol::Cooperative => total / 5,
         Protocol::Eager | Protocol::Consumer => total / 100,
     };
-    assert!(twice <= bound, "{twice} handled twice over {leaves} leaves (bound {bound})");
+    assert!(
+        twice <= bound,
+        "{twice} handled twice over {leaves} leaves (bound {bound})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,7 +305,9 @@ fn rework_of_recorded(s: &Setup, lines: &[Line], kills: &[Kill]) -> (Vec<(i32, u
 /// group recorded as finished — at or below a watermark, or in an offset map — is handled again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_members_skip_what_the_group_recorded_as_finished() {
-    let Some(s) = Setup::new(3, Protocol::Cooperative).await else { return };
+    let Some(s) = Setup::new(3, Protocol::Cooperative).await else {
+        return;
+    };
     let (keys, per_key) = (15, 100);
     publish_load(&s.publisher, &s.checker, "k", keys, per_key)
         .await
@@ -333,7 +345,10 @@ async fn sigkilled_members_skip_what_the_group_recorded_as_finished() {
         lines.len(),
         lines.len() - total
     );
-    assert!(mapped > 0, "the slow key leaves finished offsets above the watermark");
+    assert!(
+        mapped > 0,
+        "the slow key leaves finished offsets above the watermark"
+    );
     assert!(
         again.is_empty(),
         "offsets the group recorded as finished were handled again: {again:?}"
@@ -347,7 +362,9 @@ async fn sigkilled_members_skip_what_the_group_recorded_as_finished() {
 /// the finished offsets above the watermark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_head_with_thousands_finished_above_it_survives_a_kill() {
-    let Some(s) = Setup::new(1, Protocol::Cooperative).await else { return };
+    let Some(s) = Setup::new(1, Protocol::Cooperative).await else {
+        return;
+    };
     let (keys, per_key) = (50, 80);
     // k0 first, so the blocked head is the partition's lowest offset.
     publish_probe(&s.publisher, &s.checker, probe_key("k", 0))
@@ -383,7 +400,10 @@ async fn a_blocked_head_with_thousands_finished_above_it_survives_a_kill() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(committed.0, None, "the head is the lowest offset: no watermark yet");
+    assert_eq!(
+        committed.0, None,
+        "the head is the lowest offset: no watermark yet"
+    );
     assert_eq!(committed.1.iter().copied().collect::<BTreeSet<_>>(), finished);
     victim.kill();
     let at_kill = read_log(&s.log).len();

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::producer::DefaultProducerContext;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,7 +53,10 @@ fn read_all(bootstrap: &str, topic: &str, isolation: &str) -> Vec<String> {
         if matches!(at, Offset::Offset(o) if o >= high) {
             return seen;
         }
-        assert!(Instant::now() < deadline, "{topic} not read to {high} within {TIMEOUT:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{topic} not read to {high} within {TIMEOUT:?}"
+        );
     }
 }
 
@@ -87,7 +90,11 @@ async fn transactions_commit_outputs_with_offsets_abort_and_fence() {
         first.begin_transaction().unwrap();
         for i in 0..3 {
             first
-                .send(BaseRecord::to(&output).key("k").payload(&format!("committed-{i}")))
+                .send(
+                    BaseRecord::to(&output)
+                        .key("k")
+                        .payload(&format!("committed-{i}")),
+                )
                 .unwrap();
         }
         let mut offsets = TopicPartitionList::new();

@@ -114,7 +114,7 @@ async fn read_with(connected: &Connected, topic: &str) -> Result<Vec<Message>, T
 /// `config.group`'s committed watermark of each partition of `topic` that has one.
 pub async fn committed(config: &NatsConfig, topic: &str) -> Result<Vec<(u32, Offset)>, TransportError> {
     let connected = connect(config, "admin").await?;
-    let store = topology::open_watermarks(&connected.js, &config.group).await?;
+    let store = topology::open_watermarks(&connected.js, config, &config.group).await?;
     let mut out = Vec::new();
     for p in 0..config.partitions {
         let key = topology::partition_key(topic, p);

@@ -44,6 +44,10 @@ fn default_duplicate_window_s() -> u64 {
     120
 }
 
+fn default_replicas() -> usize {
+    1
+}
+
 /// Everything convoy-nats needs to consume and publish.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -119,6 +123,11 @@ pub struct NatsConfig {
     /// The window in which a re-sent publish (same `Nats-Msg-Id`) is dropped as a duplicate.
     #[serde(default = "default_duplicate_window_s")]
     pub duplicate_window_s: u64,
+    /// Replicas of every stream and bucket convoy creates (topics, dead letters, the group's
+    /// watermarks and leases): 1 on a single server; 3 on a cluster that must go on when one
+    /// server is lost. At most 5, and no more than the cluster has servers.
+    #[serde(default = "default_replicas")]
+    pub replicas: usize,
 }
 
 fn secret(value: &Option<String>) -> Option<&'static str> {
@@ -151,6 +160,7 @@ impl fmt::Debug for NatsConfig {
             .field("stream_max_age_s", &self.stream_max_age_s)
             .field("stream_max_bytes", &self.stream_max_bytes)
             .field("duplicate_window_s", &self.duplicate_window_s)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }
@@ -185,6 +195,7 @@ impl NatsConfig {
             stream_max_age_s: default_stream_max_age_s(),
             stream_max_bytes: default_stream_max_bytes(),
             duplicate_window_s: default_duplicate_window_s(),
+            replicas: default_replicas(),
         }
     }
 
@@ -219,13 +230,15 @@ impl NatsConfig {
             "stream_max_age_s" => self.stream_max_age_s = number(name, value)?,
             "stream_max_bytes" => self.stream_max_bytes = number(name, value)?,
             "duplicate_window_s" => self.duplicate_window_s = number(name, value)?,
+            "replicas" => self.replicas = number(name, value)?,
             other => {
                 return Err(ConfigError::invalid(
                     other,
                     "unknown NATS setting: use token, user, password, credentials_file, nkey, \
                      tls_ca_file, tls_cert_file, tls_key_file, tls_required, connection_name, \
                      lease_ttl_ms, fetch_batch, revoke_timeout_ms, balance_interval_ms, \
-                     connect_timeout_ms, stream_max_age_s, stream_max_bytes or duplicate_window_s",
+                     connect_timeout_ms, stream_max_age_s, stream_max_bytes, duplicate_window_s \
+                     or replicas",
                 ))
             }
         }
@@ -319,6 +332,12 @@ impl NatsConfig {
         if self.duplicate_window_s == 0 {
             return Err(ConfigError::invalid("duplicate_window_s", "must be > 0"));
         }
+        if !(1..=5).contains(&self.replicas) {
+            return Err(ConfigError::invalid(
+                "replicas",
+                "must be between 1 and 5 (JetStream's limit; 3 survives the loss of one server)",
+            ));
+        }
         if self.stream_max_age_s != 0 && self.duplicate_window_s > self.stream_max_age_s {
             return Err(ConfigError::invalid(
                 "duplicate_window_s",
@@ -408,6 +427,8 @@ mod tests {
                 Box::new(|c| c.duplicate_window_s = 10 * 24 * 3600),
                 "duplicate_window_s",
             ),
+            (Box::new(|c| c.replicas = 0), "replicas"),
+            (Box::new(|c| c.replicas = 7), "replicas"),
         ];
         for (break_it, field) in cases {
             let mut c = valid();

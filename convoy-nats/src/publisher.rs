@@ -152,11 +152,14 @@ impl NatsPublisher {
     fn failure(&self, e: PublishError) -> TransportError {
         let context = format!("publishing to {}", self.target);
         match e.kind() {
-            PublishErrorKind::StreamNotFound => TransportError::broker(
-                context,
-                "no stream holds this subject: create the topic first (create_topics, or `convoy \
-                 produce`), with the same number of partitions",
-            ),
+            // "No responders": no stream holds the subject — or, on a cluster, the stream that
+            // does has no leader for a moment (one of its servers just went away). Worth
+            // publishing again; a topic that does not exist fails the same way every time.
+            PublishErrorKind::StreamNotFound => TransportError::Unavailable(format!(
+                "{context}: no stream answered for this subject: create the topic first \
+                 (create_topics, or `convoy produce`), with the same number of partitions; on a \
+                 cluster, its stream may be electing a leader: publish again"
+            )),
             PublishErrorKind::MaxPayloadExceeded => TransportError::broker(
                 context,
                 format!("{e}: the server's max_payload counts headers and payload together"),

@@ -6,13 +6,15 @@
 //! `T.dlq` never overlaps it. Each consumer group `G` keeps two key-value buckets:
 //! `convoy_wm_G` (no expiry), the committed watermark of each partition, and
 //! `convoy_leases_G` (entries expire `lease_ttl_ms` after their last write), the partition
-//! leases, the members' presence and the extra tokens of fair shares. Every declare is
-//! idempotent; an existing stream or bucket with another configuration is a clear error naming
-//! what differs, never used as it is.
+//! leases, the members' presence and the extra tokens of fair shares. All of them have
+//! `replicas` replicas (1 by default; 3 on a cluster that must survive losing a server). Every
+//! declare is idempotent and tolerates another member declaring the same at the same moment;
+//! an existing stream or bucket with another configuration is a clear error naming what
+//! differs, never used as it is.
 
 use std::time::Duration;
 
-use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
+use async_nats::jetstream::context::CreateStreamErrorKind;
 use async_nats::jetstream::kv::Store;
 use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
 use async_nats::jetstream::Context;
@@ -105,7 +107,7 @@ fn stream_config(name: String, subjects: Vec<String>, config: &NatsConfig) -> Co
         max_bytes: config.stream_max_bytes,
         duplicate_window: Duration::from_secs(config.duplicate_window_s),
         discard: DiscardPolicy::Old,
-        num_replicas: 1,
+        num_replicas: config.replicas,
         ..Config::default()
     }
 }
@@ -136,23 +138,48 @@ pub async fn declare_dead_letters(
 }
 
 async fn create_stream(js: &Context, wanted: Config, what: &str) -> Result<(), TransportError> {
-    match js.create_stream(wanted.clone()).await {
-        Ok(_) => Ok(()),
-        Err(e) if name_taken(&e) => Err(mismatch(js, &wanted, what).await),
-        Err(e) => Err(nats_error(&format!("creating the stream of {what}"), e)),
+    let error = match js.create_stream(wanted.clone()).await {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    // A stream of this name exists already with another configuration — or another member
+    // created it an instant earlier, which some servers answer as an overlap of its subjects.
+    if !matches!(error.kind(), CreateStreamErrorKind::JetStream(ref j)
+        if [ErrorCode::STREAM_NAME_EXIST, ErrorCode::STREAM_SUBJECT_OVERLAP].contains(&j.error_code()))
+    {
+        return Err(nats_error(&format!("creating the stream of {what}"), error));
+    }
+    let found = match js.get_stream(&wanted.name).await {
+        Ok(stream) => stream.cached_info().config.clone(),
+        // No stream of that name: the subjects really belong to another stream.
+        Err(_) => return Err(nats_error(&format!("creating the stream of {what}"), error)),
+    };
+    let differs = differences(&wanted, &found);
+    if differs.is_empty() {
+        return Ok(());
+    }
+    Err(TransportError::Fatal(format!(
+        "stream {} ({what}) already exists with another configuration: {}; delete it, or use \
+         another name or the settings it was created with (partitions, replicas, \
+         stream_max_age_s, stream_max_bytes, duplicate_window_s, lease_ttl_ms): convoy never \
+         uses a stream it did not configure",
+        wanted.name,
+        differs.join(", ")
+    )))
+}
+
+/// "Unlimited" is 0 or -1 in a request and always -1 in what the server stores.
+fn limit(value: i64) -> i64 {
+    if value <= 0 {
+        -1
+    } else {
+        value
     }
 }
 
-fn name_taken(e: &CreateStreamError) -> bool {
-    matches!(e.kind(), CreateStreamErrorKind::JetStream(j) if j.error_code() == ErrorCode::STREAM_NAME_EXIST)
-}
-
-/// The error for a stream that exists with another configuration, naming what differs.
-async fn mismatch(js: &Context, wanted: &Config, what: &str) -> TransportError {
-    let found = match js.get_stream(&wanted.name).await {
-        Ok(stream) => stream.cached_info().config.clone(),
-        Err(e) => return nats_error(&format!("reading the existing stream {}", wanted.name), e),
-    };
+/// What differs between the configuration convoy wants and the one `found` on the server, in
+/// the fields convoy sets, compared as the server stores them.
+fn differences(wanted: &Config, found: &Config) -> Vec<String> {
     let mut differs = Vec::new();
     let mut compare = |field: &str, ours: String, theirs: String| {
         if ours != theirs {
@@ -181,8 +208,8 @@ async fn mismatch(js: &Context, wanted: &Config, what: &str) -> TransportError {
     );
     compare(
         "max_bytes",
-        wanted.max_bytes.to_string(),
-        found.max_bytes.to_string(),
+        limit(wanted.max_bytes).to_string(),
+        limit(found.max_bytes).to_string(),
     );
     compare(
         "duplicate_window",
@@ -196,27 +223,26 @@ async fn mismatch(js: &Context, wanted: &Config, what: &str) -> TransportError {
     );
     compare(
         "max_messages_per_subject",
-        wanted.max_messages_per_subject.to_string(),
-        found.max_messages_per_subject.to_string(),
+        limit(wanted.max_messages_per_subject).to_string(),
+        limit(found.max_messages_per_subject).to_string(),
     );
-    TransportError::Fatal(format!(
-        "stream {} ({what}) already exists with another configuration: {}; delete it, or use \
-         another name or the settings it was created with (partitions, stream_max_age_s, \
-         stream_max_bytes, duplicate_window_s, lease_ttl_ms): convoy never uses a stream it did not \
-         configure",
-        wanted.name,
-        if differs.is_empty() {
-            "fields convoy does not set".to_owned()
-        } else {
-            differs.join(", ")
-        }
-    ))
+    compare(
+        "replicas",
+        wanted.num_replicas.max(1).to_string(),
+        found.num_replicas.max(1).to_string(),
+    );
+    differs
 }
 
 /// Declares a key-value bucket the way the server's own KV API would (async-nats'
 /// `create_key_value` fails on nats-server 2.9: it first asks for account fields 2.9 does not
 /// send), then opens it. `max_age` zero: entries never expire.
-async fn declare_bucket(js: &Context, bucket: &str, max_age: Duration) -> Result<Store, TransportError> {
+async fn declare_bucket(
+    js: &Context,
+    bucket: &str,
+    max_age: Duration,
+    replicas: usize,
+) -> Result<Store, TransportError> {
     let stream = Config {
         name: format!("KV_{bucket}"),
         subjects: vec![format!("$KV.{bucket}.>")],
@@ -227,7 +253,7 @@ async fn declare_bucket(js: &Context, bucket: &str, max_age: Duration) -> Result
         deny_delete: true,
         allow_direct: true,
         discard: DiscardPolicy::New,
-        num_replicas: 1,
+        num_replicas: replicas,
         // The server sets the duplicate window to max_age when it is shorter than the default
         // two minutes; asking for that keeps a second declare identical.
         duplicate_window: if max_age.is_zero() {
@@ -254,19 +280,59 @@ pub struct Buckets {
 /// Declares and opens `config.group`'s buckets.
 pub async fn declare_buckets(js: &Context, config: &NatsConfig) -> Result<Buckets, TransportError> {
     Ok(Buckets {
-        watermarks: declare_bucket(js, &watermarks_bucket(&config.group), Duration::ZERO).await?,
-        leases: declare_bucket(js, &leases_bucket(&config.group), config.lease_ttl()).await?,
+        watermarks: declare_bucket(
+            js,
+            &watermarks_bucket(&config.group),
+            Duration::ZERO,
+            config.replicas,
+        )
+        .await?,
+        leases: declare_bucket(
+            js,
+            &leases_bucket(&config.group),
+            config.lease_ttl(),
+            config.replicas,
+        )
+        .await?,
     })
 }
 
 /// The watermarks bucket alone (reading or moving a group's positions from a tool or a test).
-pub async fn open_watermarks(js: &Context, group: &str) -> Result<Store, TransportError> {
-    declare_bucket(js, &watermarks_bucket(group), Duration::ZERO).await
+pub async fn open_watermarks(
+    js: &Context,
+    config: &NatsConfig,
+    group: &str,
+) -> Result<Store, TransportError> {
+    declare_bucket(js, &watermarks_bucket(group), Duration::ZERO, config.replicas).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unlimited_and_one_replica_compare_as_the_server_stores_them() {
+        let config = NatsConfig::new(&["127.0.0.1:4222"], "g", &["t"]);
+        let wanted = stream_config("t".into(), vec!["t.0".into()], &config);
+        let mut stored = wanted.clone();
+        stored.max_messages_per_subject = -1;
+        stored.max_bytes = -1;
+        assert_eq!(wanted.max_messages_per_subject, 0);
+        assert!(
+            differences(&wanted, &stored).is_empty(),
+            "{:?}",
+            differences(&wanted, &stored)
+        );
+        stored.num_replicas = 3;
+        stored.max_age = Duration::from_secs(60);
+        assert_eq!(
+            differences(&wanted, &stored),
+            [
+                "max_age 60s (convoy wants 604800s)",
+                "replicas 3 (convoy wants 1)"
+            ]
+        );
+    }
 
     #[test]
     fn names_follow_topic_group_and_partition() {

@@ -75,9 +75,7 @@ async fn the_readme_ledger_on_kafka() {
         std::process::id(),
         std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos()
     );
-    let url = format!(
-        "kafka://{bootstrap}?group=billing-{unique}"
-    );
+    let url = format!("kafka://{bootstrap}?group=billing-{unique}");
     let balances = ledger(&url, &format!("ledger-{unique}")).await.unwrap();
     assert_eq!(balances.len(), 100);
     assert!(

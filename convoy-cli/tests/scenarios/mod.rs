@@ -1,10 +1,11 @@
 //! Scenarios of the `convoy` binary against a real broker, run by each broker's test file with
 //! its URL: dead-letter replay end to end, the benchmark, consume with Prometheus metrics,
 //! escaped output lines and a drain aborted by a second Ctrl-C; consumer processes joining,
-//! leaving and killed (`processes`).
+//! leaving and killed (`processes`); a cluster losing nodes under load (`failover`).
 
 #![allow(clippy::unwrap_used, dead_code)] // shared by several test crates, each using a part
 
+pub mod failover;
 pub mod processes;
 
 use std::io::{BufRead, BufReader, Read, Write};

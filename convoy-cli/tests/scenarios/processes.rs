@@ -10,25 +10,35 @@ use std::time::{Duration, Instant};
 use convoy_testkit::probe::publish_load;
 use convoy_testkit::OrderChecker;
 
-/// A `convoy consume` process appending to a log; SIGKILLed when dropped.
-pub struct Member(pub Child);
+/// A `convoy consume` process appending to a log; SIGKILLed when dropped. What it writes to
+/// stderr goes to a file beside the log (shown when it fails to leave).
+pub struct Member(pub Child, PathBuf);
 
 impl Member {
     /// Starts a member of the group `url` names, appending its lines to `log`.
     pub fn start(url: &str, log: &Path) -> Member {
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .unwrap();
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stderr = log.with_extension(format!("member-{n}.err"));
         Member(
             Command::new(env!("CARGO_BIN_EXE_convoy"))
                 .args(["--url", url, "consume", "--commit-interval-ms", "100"])
                 .stdout(Stdio::from(out))
-                .stderr(Stdio::null())
+                .stderr(Stdio::from(std::fs::File::create(&stderr).unwrap()))
                 .spawn()
                 .unwrap(),
+            stderr,
         )
+    }
+
+    /// What the member wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
     }
 
     /// Sends a signal (`INT`, `STOP`, `CONT`) to the process.
@@ -41,10 +51,14 @@ impl Member {
     }
 
     /// Ctrl-C, then waits (at most two minutes): the member drains, commits and leaves; true if
-    /// it exited cleanly.
+    /// it exited cleanly (else its stderr is printed).
     pub fn leave(mut self) -> bool {
         self.signal("INT");
-        super::wait_exit(&mut self.0).success()
+        let clean = super::wait_exit(&mut self.0).success();
+        if !clean {
+            eprintln!("a member did not leave cleanly; its stderr:\n{}", self.stderr());
+        }
+        clean
     }
 }
 
@@ -52,6 +66,7 @@ impl Drop for Member {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_file(&self.1);
     }
 }
 
@@ -98,13 +113,16 @@ fn read_lines(log: &Path) -> Vec<(String, u64)> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
-        .filter_map(|line| {
-            let rest = line.split_once(" key=")?.1;
-            let (key, rest) = rest.split_once(' ')?;
-            let seq = rest.rsplit(' ').next()?.parse().ok()?;
-            Some((key.to_owned(), seq))
-        })
+        .filter_map(parse_line)
         .collect()
+}
+
+/// The (key, seq) of one line `convoy consume` printed for a probe message.
+pub fn parse_line(line: &str) -> Option<(String, u64)> {
+    let rest = line.split_once(" key=")?.1;
+    let (key, rest) = rest.split_once(' ')?;
+    let seq = rest.trim_end().rsplit(' ').next()?.parse().ok()?;
+    Some((key.to_owned(), seq))
 }
 
 /// Replays the lines through the checker and asserts nothing was lost or out of order.

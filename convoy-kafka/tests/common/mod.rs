@@ -11,7 +11,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use convoy_core::{Message, Offset, SourceId, TransportError};
 use convoy_kafka::convert::source_id;
-use convoy_kafka::{Assignor, GroupProtocol, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
+use convoy_kafka::{
+    Assignor, GroupProtocol, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport,
+};
 use convoy_testkit::conformance::{BedParts, Capabilities, ConformanceTarget, TestBed};
 pub use convoy_testkit::support::{init_tracing, unique};
 use convoy_testkit::support::{read_until, setting};
@@ -285,7 +287,9 @@ impl ConformanceTarget for KafkaTarget {
 
     async fn bed(&self, partitions: u32) -> Result<Box<dyn TestBed>, TransportError> {
         let bootstrap = self.bootstrap.as_deref().ok_or(TransportError::Closed)?;
-        Ok(Box::new(KafkaBed::new(bootstrap, partitions, self.protocol).await))
+        Ok(Box::new(
+            KafkaBed::new(bootstrap, partitions, self.protocol).await,
+        ))
     }
 }
 

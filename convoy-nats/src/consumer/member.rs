@@ -44,6 +44,9 @@ use super::partition::{PartitionTask, ReaderParts};
 use super::{Owned, Shared};
 use crate::config::NatsConfig;
 use crate::connect::{connect, Connected};
+
+/// How long joining the group waits out an outage before `subscribe` fails with it.
+const JOIN_WITHIN: Duration = Duration::from_secs(30);
 use crate::error::nats_error;
 use crate::topology;
 
@@ -84,21 +87,46 @@ fn all_partitions(config: &NatsConfig) -> Vec<(String, u32)> {
 
 impl Session {
     /// Connects, declares the streams and buckets, and announces the member. Returns the
-    /// watermarks bucket for commits too.
+    /// watermarks bucket for commits too. An outage while joining (streams and buckets just
+    /// created on a cluster answer "no responders" until their replicas elected a leader; a
+    /// restarting server does too) is waited out with backoff for up to [`JOIN_WITHIN`].
     pub async fn open(config: &NatsConfig, events: EventSender) -> Result<(Session, Store), TransportError> {
         let connected = connect(config, "consume").await?;
+        let mut backoff = Duration::from_millis(100);
+        let joining = Instant::now();
+        let (session, watermarks) = loop {
+            match Self::join(connected.clone(), config, events.clone()).await {
+                Ok(joined) => break joined,
+                Err(TransportError::Unavailable(e)) if joining.elapsed() < JOIN_WITHIN => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "joining the group: the server is not ready; trying again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        tokio::spawn(leases::keep(session.leases.clone()));
+        tracing::info!(group = %config.group, topics = ?config.topics, member = %format!("{:016x}", session.me), "joined the group");
+        Ok((session, watermarks))
+    }
+
+    /// One attempt at joining: declares, then announces a new member.
+    async fn join(
+        connected: Connected,
+        config: &NatsConfig,
+        events: EventSender,
+    ) -> Result<(Session, Store), TransportError> {
         for topic in &config.topics {
             topology::declare_topic(&connected.js, config, topic, config.partitions).await?;
         }
         let buckets = topology::declare_buckets(&connected.js, config).await?;
         let (lost_tx, lost) = mpsc::unbounded_channel();
         let leases = Arc::new(Leases::new(buckets.leases, config.lease_ttl(), lost_tx, events));
-        let me = fastrand::u64(..);
         let session = Session {
             connected,
-            leases: leases.clone(),
+            leases,
             lost,
-            me,
+            me: fastrand::u64(..),
             token: None,
             held: HashMap::new(),
             taken: 0,
@@ -106,8 +134,6 @@ impl Session {
             cooling: Cooling::default(),
         };
         session.announce().await?;
-        tokio::spawn(leases::keep(leases));
-        tracing::info!(group = %config.group, topics = ?config.topics, member = %format!("{me:016x}"), "joined the group");
         Ok((session, buckets.watermarks))
     }
 

@@ -24,7 +24,9 @@ pub fn home() -> Result<PathBuf, NodeError> {
         .ok()
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
-        .ok_or_else(|| NodeError::Missing("Apache Kafka (CONVOY_KAFKA_HOME is not set; scripts/test sets it)".into()))?;
+        .ok_or_else(|| {
+            NodeError::Missing("Apache Kafka (CONVOY_KAFKA_HOME is not set; scripts/test sets it)".into())
+        })?;
     if !home.join("lib").is_dir() || Command::new("java").arg("-version").output().is_err() {
         return Err(NodeError::Missing(format!(
             "Apache Kafka in {} (lib/ and java)",
@@ -70,7 +72,13 @@ impl KafkaNode {
     fn spawn(&mut self) -> Result<(), NodeError> {
         let logs = self.dir.join("logs");
         let child = Command::new("java")
-            .args(["-Xms128m", HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"])
+            .args([
+                "-Xms128m",
+                HEAP,
+                "-XX:+UseG1GC",
+                "-XX:MaxGCPauseMillis=20",
+                "-Djava.awt.headless=true",
+            ])
             .arg(format!("-Dkafka.logs.dir={}", logs.display()))
             .arg(format!(
                 "-Dlog4j2.configurationFile={}",
@@ -96,7 +104,10 @@ impl KafkaNode {
     fn wait_started(&mut self, before: usize) -> Result<(), NodeError> {
         let started = wait_until(START_WITHIN, || {
             self.started_count() > before && port_open(self.port)
-                || self.child.as_mut().is_some_and(|c| !matches!(c.try_wait(), Ok(None)))
+                || self
+                    .child
+                    .as_mut()
+                    .is_some_and(|c| !matches!(c.try_wait(), Ok(None)))
         });
         if started && self.is_running() {
             return Ok(());
@@ -129,16 +140,28 @@ impl KafkaNode {
 
     /// A controlled shutdown (SIGTERM: leadership moves away first), waiting until it exits.
     pub fn stop(&mut self) -> Result<(), NodeError> {
-        if let Some(mut child) = self.child.take() {
-            super::signal(child.id(), "TERM", Duration::from_secs(60))?;
-            let _ = child.wait();
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        // Our own child: gone once it can be waited for (`kill -0` would see a zombie).
+        super::signal(child.id(), "TERM", Duration::ZERO)?;
+        let exited = wait_until(Duration::from_secs(60), || !matches!(child.try_wait(), Ok(None)));
+        if exited {
+            return Ok(());
         }
-        Ok(())
+        let _ = child.kill();
+        let _ = child.wait();
+        Err(NodeError::failed(
+            format!("stopping Kafka node {}", self.id),
+            "no controlled shutdown within 60 s; killed",
+        ))
     }
 
     /// True while the node's JVM runs.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 }
 
@@ -162,7 +185,9 @@ impl KafkaCluster {
     pub fn start(size: usize) -> Result<KafkaCluster, NodeError> {
         let home = home()?;
         let port = || free_port().map_err(|e| NodeError::failed("finding a free port for Kafka", e));
-        let ports: Vec<(u16, u16)> = (0..size).map(|_| Ok((port()?, port()?))).collect::<Result<_, NodeError>>()?;
+        let ports: Vec<(u16, u16)> = (0..size)
+            .map(|_| Ok((port()?, port()?)))
+            .collect::<Result<_, NodeError>>()?;
         let voters: Vec<String> = ports
             .iter()
             .enumerate()
@@ -175,7 +200,8 @@ impl KafkaCluster {
         for (i, (client, controller)) in ports.iter().enumerate() {
             let id = i as u32 + 1;
             let dir = fresh_dir(&format!("kafka-n{id}"))?;
-            std::fs::create_dir_all(dir.join("logs")).map_err(|e| NodeError::failed("creating the node's log directory", e))?;
+            std::fs::create_dir_all(dir.join("logs"))
+                .map_err(|e| NodeError::failed("creating the node's log directory", e))?;
             let properties = format!(
                 "process.roles=broker,controller\n\
                  node.id={id}\n\

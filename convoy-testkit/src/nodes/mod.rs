@@ -82,13 +82,15 @@ pub(crate) fn alive(pid: u32) -> bool {
 }
 
 /// Sends `signal` (`KILL`, `TERM`, `STOP`, `CONT`) to `pid` and, for KILL and TERM, waits until
-/// the process is gone (at most `within`), so a restart never races it for its ports.
+/// the process is gone (at most `within`; zero: no wait), so a restart never races it for its
+/// ports. For a process that is not this one's child (a child that exited stays a zombie until
+/// waited for, and `kill -0` still finds it).
 pub(crate) fn signal(pid: u32, signal: &str, within: Duration) -> Result<(), NodeError> {
     let _ = Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
         .stderr(std::process::Stdio::null())
         .status();
-    if matches!(signal, "KILL" | "TERM") && !wait_until(within, || !alive(pid)) {
+    if matches!(signal, "KILL" | "TERM") && !within.is_zero() && !wait_until(within, || !alive(pid)) {
         return Err(NodeError::failed(
             format!("stopping process {pid} with SIG{signal}"),
             format!("still running after {within:?}"),
@@ -104,15 +106,25 @@ pub(crate) fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// A minimal HTTP GET on the loopback (monitoring endpoints), returning the status code.
-pub(crate) fn http_status(port: u16, path: &str) -> Option<u16> {
+/// A minimal HTTP GET on the loopback (monitoring endpoints): the status code and the body.
+pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream =
-        std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(500))
+            .ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut head = [0u8; 32];
-    let n = stream.read(&mut head).ok()?;
-    let line = std::str::from_utf8(&head[..n]).ok()?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// The status code of a GET on the loopback.
+pub(crate) fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_get(port, path).map(|(status, _)| status)
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{fresh_dir, http_status, port_open, remove_dir, tail, wait_until, NodeError};
+use super::{fresh_dir, http_get, http_status, port_open, remove_dir, tail, wait_until, NodeError};
 use crate::support::free_port;
 
 /// How long a server may take to answer its health check after a start.
@@ -44,7 +44,9 @@ pub struct NatsServer {
 
 impl NatsServer {
     fn new(binary: PathBuf, name: &str, routes: Option<Routes>) -> Result<NatsServer, NodeError> {
-        let port = |what: &str| free_port().map_err(|e| NodeError::failed(format!("finding a free port for {what}"), e));
+        let port = |what: &str| {
+            free_port().map_err(|e| NodeError::failed(format!("finding a free port for {what}"), e))
+        };
         Ok(NatsServer {
             dir: fresh_dir(&format!("nats-{name}"))?,
             name: name.to_owned(),
@@ -129,8 +131,11 @@ impl NatsServer {
     /// Freezes (`STOP`) or thaws (`CONT`) the process.
     pub fn signal(&self, name: &str) -> Result<(), NodeError> {
         match &self.child {
-            Some(child) => super::signal(child.id(), name, Duration::from_secs(30)),
-            None => Err(NodeError::failed(format!("signalling {}", self.name), "not running")),
+            Some(child) => super::signal(child.id(), name, Duration::ZERO),
+            None => Err(NodeError::failed(
+                format!("signalling {}", self.name),
+                "not running",
+            )),
         }
     }
 
@@ -146,7 +151,9 @@ impl NatsServer {
 
     /// True while this server's process runs.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 }
 
@@ -179,7 +186,11 @@ impl NatsCluster {
                 own: *own,
                 others: route_ports.iter().copied().filter(|p| p != own).collect(),
             };
-            servers.push(NatsServer::new(binary.clone(), &format!("n{}", i + 1), Some(routes))?);
+            servers.push(NatsServer::new(
+                binary.clone(),
+                &format!("n{}", i + 1),
+                Some(routes),
+            )?);
         }
         // All before waiting on any: JetStream needs a quorum of the cluster to be healthy.
         for server in &mut servers {
@@ -203,5 +214,29 @@ impl NatsCluster {
     /// The server named `name`.
     pub fn by_name(&mut self, name: &str) -> Option<&mut NatsServer> {
         self.servers.iter_mut().find(|s| s.name == name)
+    }
+
+    /// The name of the server leading `stream`'s replicas, as a running server's monitoring
+    /// endpoint (`/jsz`) reports it.
+    pub fn stream_leader(&mut self, stream: &str) -> Option<String> {
+        let ports: Vec<u16> = self
+            .servers
+            .iter_mut()
+            .filter_map(|s| s.is_running().then_some(s.monitor_port))
+            .collect();
+        ports.into_iter().find_map(|port| {
+            let (status, body) = http_get(port, "/jsz?accounts=true&streams=true")?;
+            if status != 200 {
+                return None;
+            }
+            let jsz: serde_json::Value = serde_json::from_str(&body).ok()?;
+            jsz["account_details"]
+                .as_array()?
+                .iter()
+                .filter_map(|account| account["stream_detail"].as_array())
+                .flatten()
+                .find(|detail| detail["name"] == stream)
+                .and_then(|detail| detail["cluster"]["leader"].as_str().map(str::to_owned))
+        })
     }
 }

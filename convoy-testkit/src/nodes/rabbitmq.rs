@@ -29,10 +29,13 @@ impl RabbitNode {
         if Command::new("rabbitmq-server").arg("--help").output().is_err() {
             return Err(NodeError::Missing("rabbitmq-server".into()));
         }
-        let port = |what: &str| free_port().map_err(|e| NodeError::failed(format!("finding a free port for {what}"), e));
+        let port = |what: &str| {
+            free_port().map_err(|e| NodeError::failed(format!("finding a free port for {what}"), e))
+        };
         let dir = fresh_dir(&format!("rabbit-{label}"))?;
         for sub in ["mnesia", "log"] {
-            std::fs::create_dir_all(dir.join(sub)).map_err(|e| NodeError::failed("creating the node's directories", e))?;
+            std::fs::create_dir_all(dir.join(sub))
+                .map_err(|e| NodeError::failed("creating the node's directories", e))?;
         }
         let node = RabbitNode {
             name: format!("convoy{}{label}@localhost", std::process::id()),
@@ -41,10 +44,14 @@ impl RabbitNode {
             dir,
         };
         let write = |file: &str, text: String| {
-            std::fs::write(node.dir.join(file), text).map_err(|e| NodeError::failed(format!("writing {file}"), e))
+            std::fs::write(node.dir.join(file), text)
+                .map_err(|e| NodeError::failed(format!("writing {file}"), e))
         };
         write("plugins", "[].".into())?;
-        write("rabbitmq.conf", format!("listeners.tcp.local = 127.0.0.1:{}\n", node.port))?;
+        write(
+            "rabbitmq.conf",
+            format!("listeners.tcp.local = 127.0.0.1:{}\n", node.port),
+        )?;
         let owned = Command::new("chown")
             .args(["-R", "rabbitmq:rabbitmq"])
             .arg(&node.dir)
@@ -117,7 +124,10 @@ impl RabbitNode {
         let pid = self.dir.join("pid");
         let pid = pid.to_string_lossy();
         let waited = self.ctl(&["wait", &pid, "--timeout", &BOOT_WITHIN.as_secs().to_string()]);
-        if !started.success() || waited.is_err() || !wait_until(Duration::from_secs(30), || port_open(self.port)) {
+        if !started.success()
+            || waited.is_err()
+            || !wait_until(Duration::from_secs(30), || port_open(self.port))
+        {
             return Err(NodeError::failed(
                 format!("booting RabbitMQ node {}", self.name),
                 format!("{waited:?}; its log ends:\n{}", self.log_tail()),
@@ -138,7 +148,11 @@ impl RabbitNode {
     }
 
     fn pid(&self) -> Option<u32> {
-        std::fs::read_to_string(self.dir.join("pid")).ok()?.trim().parse().ok()
+        std::fs::read_to_string(self.dir.join("pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// A crash: SIGKILL by the recorded PID, waiting until the process is gone.
@@ -153,7 +167,10 @@ impl RabbitNode {
     pub fn signal(&self, name: &str) -> Result<(), NodeError> {
         match self.pid() {
             Some(pid) => super::signal(pid, name, Duration::from_secs(30)),
-            None => Err(NodeError::failed(format!("signalling {}", self.name), "not running")),
+            None => Err(NodeError::failed(
+                format!("signalling {}", self.name),
+                "not running",
+            )),
         }
     }
 
@@ -231,7 +248,14 @@ impl RabbitCluster {
             .iter()
             .find(|n| n.is_running())
             .ok_or_else(|| NodeError::failed("listing queue leaders", "no node runs"))?;
-        let listing = node.ctl(&["list_queues", "name", "type", "leader", "--quiet", "--no-table-headers"])?;
+        let listing = node.ctl(&[
+            "list_queues",
+            "name",
+            "type",
+            "leader",
+            "--quiet",
+            "--no-table-headers",
+        ])?;
         Ok(listing
             .lines()
             .filter_map(|line| {

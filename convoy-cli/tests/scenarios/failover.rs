@@ -1,0 +1,248 @@
+//! A cluster losing nodes under load, the same on every broker: a producer publishing in
+//! confirmed rounds (each key once per round, stamped once, and a round that fails published
+//! again — so a key's messages are never reordered and a re-sent round is recognised as
+//! duplicates), two `convoy consume` processes of one group appending to one log, and the
+//! broker's faults run mid-stream by the caller. Every confirmed message must be handled, in
+//! per-key order; what each fault cost is reported as its time to recover (from the end of the
+//! fault's action — a kill is instant, a controlled shutdown or a restart takes seconds — until
+//! everything confirmed before the fault, and a round more, was handled) and the longest pauses
+//! in handling and in the producer's confirmations.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use convoy_testkit::probe::probe_batch;
+use convoy_testkit::OrderChecker;
+
+use super::processes::{Log, Member};
+
+/// Keys per round of the producer.
+const KEYS: usize = 40;
+/// The producer's pause between confirmed rounds: a steady load the loaded 2-core machine
+/// carries beside three broker nodes.
+const ROUND_PAUSE: Duration = Duration::from_millis(25);
+/// Longest a fault may take to recover from before the scenario fails.
+const RECOVER_WITHIN: Duration = Duration::from_secs(180);
+
+/// What the scenario saw of the log: every distinct (key, seq) handled and when each round of
+/// samples was taken.
+struct Handled {
+    file: PathBuf,
+    offset: u64,
+    lines: Vec<(String, u64)>,
+    distinct: HashSet<(String, u64)>,
+    /// (when, distinct handled then), one sample per read.
+    samples: Vec<(Instant, usize)>,
+}
+
+impl Handled {
+    /// Reads what was appended since the last read.
+    fn read(&mut self) {
+        let Ok(mut file) = std::fs::File::open(&self.file) else {
+            return;
+        };
+        if file.seek(SeekFrom::Start(self.offset)).is_err() {
+            return;
+        }
+        let mut reader = BufReader::new(file);
+        let mut line = String::new();
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if !line.ends_with('\n') {
+                break; // half written: read it whole next time
+            }
+            self.offset += line.len() as u64;
+            if let Some(entry) = super::processes::parse_line(&line) {
+                self.distinct.insert(entry.clone());
+                self.lines.push(entry);
+            }
+            line.clear();
+        }
+        self.samples.push((Instant::now(), self.distinct.len()));
+    }
+}
+
+/// One fault: what it was, how long its action took, and how long recovering took after it.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    /// What was done.
+    pub what: String,
+    /// How long the action itself took (a restart waits for the node to run again).
+    pub action: Duration,
+    /// From the action's end until everything confirmed before it, and a round more, was
+    /// handled.
+    pub recovered_after: Duration,
+}
+
+/// What a fault closure can do while the load runs.
+pub struct Progress {
+    checker: Arc<OrderChecker>,
+    handled: Mutex<Handled>,
+    faults: Mutex<Vec<Fault>>,
+}
+
+impl Progress {
+    fn handled_count(&self) -> usize {
+        let mut handled = self.handled.lock().unwrap();
+        handled.read();
+        handled.distinct.len()
+    }
+
+    /// Blocks until `more` further messages were handled (load flows between faults).
+    pub fn let_flow(&self, more: usize) {
+        let want = self.handled_count() + more;
+        let deadline = Instant::now() + RECOVER_WITHIN;
+        while self.handled_count() < want {
+            assert!(Instant::now() < deadline, "handling stalled below {want}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs `fault` (named `what`), then blocks until the cluster recovered from it: everything
+    /// confirmed before the fault, and a round more, was handled. Records the times it took.
+    pub fn fault(&self, what: &str, fault: impl FnOnce()) {
+        let began = Instant::now();
+        let confirmed = self.checker.published() as usize;
+        eprintln!("failover: {what}");
+        fault();
+        let at = Instant::now();
+        let deadline = at + RECOVER_WITHIN;
+        while self.handled_count() < confirmed + KEYS {
+            assert!(
+                Instant::now() < deadline,
+                "not recovered from `{what}` within {RECOVER_WITHIN:?}: {} of {} handled",
+                self.handled_count(),
+                confirmed + KEYS
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let fault = Fault {
+            what: what.to_owned(),
+            action: at - began,
+            recovered_after: at.elapsed(),
+        };
+        eprintln!(
+            "failover: {what}: took {:.1?}, recovered {:.1?} after",
+            fault.action, fault.recovered_after
+        );
+        self.faults.lock().unwrap().push(fault);
+    }
+}
+
+/// What a failover run measured.
+#[derive(Debug)]
+pub struct FailoverReport {
+    /// Messages the producer had confirmed (all handled, in order).
+    pub confirmed: u64,
+    /// Lines the consumers printed (duplicates included).
+    pub handled: usize,
+    /// Messages handled more than once.
+    pub twice: usize,
+    /// Each fault and its time to recover.
+    pub faults: Vec<Fault>,
+    /// The longest time in which nothing new was handled.
+    pub longest_handling_pause: Duration,
+    /// The longest time between two confirmed rounds of the producer.
+    pub longest_publish_pause: Duration,
+}
+
+/// Runs the load on `url` (naming the group, the topic and the broker's nodes), calls `faults`
+/// on a thread of its own once the load flows, and checks the outcome when it returns.
+pub async fn failover(
+    url: &str,
+    topic: &str,
+    faults: impl FnOnce(&Progress) + Send + 'static,
+) -> FailoverReport {
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let publisher = connection.publisher(topic).unwrap();
+    let log = Log::new(topic);
+    let checker = Arc::new(OrderChecker::new());
+    let progress = Arc::new(Progress {
+        checker: checker.clone(),
+        handled: Mutex::new(Handled {
+            file: log.0.clone(),
+            offset: 0,
+            lines: Vec::new(),
+            distinct: HashSet::new(),
+            samples: Vec::new(),
+        }),
+        faults: Mutex::default(),
+    });
+    let members = [Member::start(url, &log.0), Member::start(url, &log.0)];
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let confirms = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let producer = {
+        let (stop, confirms, checker) = (stop.clone(), confirms.clone(), checker.clone());
+        tokio::spawn(async move {
+            let mut round = 0;
+            while !stop.load(SeqCst) {
+                let mut messages = probe_batch(&checker, "key-", KEYS, round * KEYS, KEYS, 0);
+                // Stamped once: a round sent again carries the same event ids.
+                messages.iter_mut().for_each(convoy::OutgoingMessage::stamp);
+                let mut attempts = 0;
+                while let Err(e) = publisher.publish_all(messages.clone()).await {
+                    attempts += 1;
+                    if attempts == 1 || attempts % 20 == 0 {
+                        eprintln!("failover: round {round} not confirmed ({e}); publishing it again");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                confirms.lock().unwrap().push(Instant::now());
+                round += 1;
+                tokio::time::sleep(ROUND_PAUSE).await;
+            }
+        })
+    };
+
+    let run = {
+        let progress = progress.clone();
+        tokio::task::spawn_blocking(move || {
+            progress.let_flow(KEYS * 20);
+            faults(&progress);
+            progress.let_flow(KEYS * 20);
+        })
+    };
+    let outcome = run.await;
+    stop.store(true, SeqCst);
+    producer.await.unwrap();
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    let confirmed = checker.published() as usize;
+    tokio::task::block_in_place(|| log.wait_handled(confirmed));
+    for member in members {
+        assert!(member.leave(), "a member did not leave cleanly");
+    }
+
+    let mut handled = progress.handled.lock().unwrap();
+    handled.read();
+    for (key, seq) in &handled.lines {
+        checker.handled(key.as_bytes(), *seq, None);
+    }
+    let report = checker.report();
+    let pause = |times: &[Instant]| times.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+    let progressed: Vec<Instant> = handled
+        .samples
+        .windows(2)
+        .filter(|w| w[1].1 > w[0].1)
+        .map(|w| w[1].0)
+        .collect();
+    let failover = FailoverReport {
+        confirmed: report.published,
+        handled: handled.lines.len(),
+        twice: handled.lines.len() - handled.distinct.len(),
+        faults: progress.faults.lock().unwrap().clone(),
+        longest_handling_pause: pause(&progressed),
+        longest_publish_pause: pause(&confirms.lock().unwrap()),
+    };
+    eprintln!("failover: {failover:#?}");
+    assert_eq!(report.lost, 0, "{report:#?}");
+    assert_eq!(report.order_violations, 0, "{report:#?}");
+    assert_eq!(report.finished, report.published, "{report:#?}");
+    failover
+}
