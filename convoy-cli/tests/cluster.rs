@@ -30,6 +30,9 @@ use scenarios::unique;
 
 const PARTITIONS: u32 = 6;
 
+/// One cluster at a time: three brokers' nodes each are plenty for a 2-core machine.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Starts a cluster off the runtime, or says why the test is skipped. Shared: the test holds
 /// it until the scenario's end, while the faults act on it from their own thread.
 async fn cluster<T: Send + 'static>(start: fn(usize) -> Result<T, NodeError>) -> Option<Arc<Mutex<T>>> {
@@ -80,6 +83,7 @@ fn kafka_in_sync(bootstrap: &str, topic: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_loses_its_busiest_leader_then_rolls_all_three_nodes() {
+    let _one = ONE_CLUSTER.lock().await;
     let Some(nodes) = cluster(KafkaCluster::start).await else {
         return;
     };
@@ -128,6 +132,7 @@ async fn kafka_loses_its_busiest_leader_then_rolls_all_three_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_loses_the_node_leading_the_partition_queues() {
+    let _one = ONE_CLUSTER.lock().await;
     let Some(nodes) = cluster(RabbitCluster::start).await else {
         return;
     };
@@ -188,6 +193,7 @@ async fn rabbitmq_loses_the_node_leading_the_partition_queues() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_loses_the_stream_leader() {
+    let _one = ONE_CLUSTER.lock().await;
     let Some(nodes) = cluster(NatsCluster::start).await else {
         return;
     };

@@ -9,8 +9,9 @@
 // Timing is convoy bench's for a pre-filled topic: the clock runs from the first finished
 // message to the one that makes all N finished (group join and JVM start are not in it).
 //
-// Plain javac against the jar the PyPI wheel pyallel-consumer==0.1.0a2 ships (Parallel Consumer
-// 0.5.2.5 with kafka-clients 3.3.0); no Maven. Prints one JSON object per run on stdout.
+// Plain javac against Parallel Consumer 0.5.3.3 and its dependencies (kafka-clients 3.9.1),
+// resolved from Maven Central by scripts/bench/parallel-consumer (pom.xml beside this file).
+// Prints one JSON object per run on stdout.
 
 import io.confluent.parallelconsumer.ParallelConsumerOptions;
 import io.confluent.parallelconsumer.ParallelConsumerOptions.CommitMode;
@@ -44,7 +45,7 @@ public final class ParallelConsumerBench {
         double workMs = 0;
         int maxConcurrency = 256;
         int warmups = 3;
-        long fetchMaxWaitMs = 5;
+        long fetchMaxWaitMs = -1; // the client's default
         long limitS = 600;
 
         static Settings parse(String[] args) {
@@ -197,12 +198,10 @@ public final class ParallelConsumerBench {
         props.put(ConsumerConfig.CLIENT_ID_CONFIG, group);
         props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false"); // Parallel Consumer commits
-        // Tansu takes half the session timeout per group join (shared/brokers.md).
-        props.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "6000");
-        props.put(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "500");
-        // Tansu answers a fetch after its wait rather than when data arrives: the same 5 ms
-        // as convoy's fetch.wait.max.ms in the script.
-        props.put(ConsumerConfig.FETCH_MAX_WAIT_MS_CONFIG, Long.toString(s.fetchMaxWaitMs));
+        // The client's defaults otherwise, as convoy's side uses librdkafka's.
+        if (s.fetchMaxWaitMs >= 0) {
+            props.put(ConsumerConfig.FETCH_MAX_WAIT_MS_CONFIG, Long.toString(s.fetchMaxWaitMs));
+        }
         props.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
         props.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
         return new KafkaConsumer<>(props);
