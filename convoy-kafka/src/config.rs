@@ -519,8 +519,14 @@ mod tests {
         let mut c = KafkaConfig::new("127.0.0.1:9092", "g", &["t"]);
         assert_eq!(c.newest_offset_timeout(), std::time::Duration::from_millis(1_050));
         assert_eq!(
-            c.bounded_consumer_config(&Prefetch::divide(convoy_core::PrefetchLimit { messages: 100, bytes: 1 << 20 }, 1))
-                .get("fetch.wait.max.ms"),
+            c.bounded_consumer_config(&Prefetch::divide(
+                convoy_core::PrefetchLimit {
+                    messages: 100,
+                    bytes: 1 << 20
+                },
+                1
+            ))
+            .get("fetch.wait.max.ms"),
             Some("50")
         );
         c.apply_param("fetch.wait.max.ms", "5").unwrap();

@@ -11,6 +11,7 @@
 //! - [`nodes`]: private broker processes (NATS, RabbitMQ, Kafka; single nodes and clusters) for
 //!   the tests that crash and restart them;
 //! - [`ownership`]: scenarios for transports whose members balance partitions themselves;
+//! - [`proxy`]: a TCP proxy that cuts or silently stalls a client's connections to its broker;
 //! - [`restarts`]: a broker killed and restarted twice under load, nothing lost;
 //! - [`scenario`]: the benchmark scenario runner (load, latency histogram, order check, baseline);
 //! - [`script`]: a hand-driven subscription, for engine tests that play the transport;
@@ -24,6 +25,7 @@ pub mod memory;
 pub mod nodes;
 pub mod ownership;
 pub mod probe;
+pub mod proxy;
 pub mod restarts;
 pub mod scenario;
 pub mod script;

@@ -363,8 +363,12 @@ impl Session {
         );
         let assignment = Assignment::new(source.clone(), start.committed).with_lease(lease.clone());
         let _ = shared.events.control(SourceEvent::Assigned(vec![assignment]));
+        // One pull must be able to carry the largest message the server accepts (its headers and
+        // subjects included), or that message could never be read.
+        let largest = self.connected.client.server_info().max_payload + 4096;
         let task = PartitionTask::spawn(ReaderParts {
             source: source.clone(),
+            js: self.connected.js.clone(),
             stream: start.stream,
             subject,
             start: start.committed.map(|w| w + 1),
@@ -373,6 +377,7 @@ impl Session {
             partition: p,
             serial: self.serial.clone(),
             batch: shared.batch,
+            max_bytes: shared.pull_bytes.max(largest),
             paused: paused_rx,
             delivered,
             events: shared.events.clone(),

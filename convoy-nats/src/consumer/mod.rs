@@ -37,7 +37,8 @@ use crate::config::NatsConfig;
 pub const EVENT_CAPACITY: usize = 16;
 /// Most messages per batch handed to the engine.
 pub const MAX_BATCH: usize = 500;
-/// Messages requested per pull unless configured: at most 1.5 × this is buffered per partition.
+/// Messages requested per pull unless configured: one pull is outstanding per partition at a
+/// time, so at most this many wait in a partition's inbox (none is requested while paused).
 pub const DEFAULT_FETCH_BATCH: usize = 500;
 
 /// An owned partition as pause, resume, commit and lag see it.
@@ -62,6 +63,8 @@ struct Shared {
     watermarks: Store,
     /// Messages per pull.
     batch: usize,
+    /// Bytes per pull, before the server's largest message is allowed for.
+    pull_bytes: usize,
     /// The engine closing the subscription asks the member to leave the group.
     departure: Departure,
 }
@@ -91,13 +94,24 @@ impl NatsTransport {
     }
 
     /// Messages per pull: configured, or the engine's message limit divided over every partition
-    /// this member could own (a partition buffers up to 1.5 pulls), at most
+    /// this member could own (two thirds of it: the engine's gate closes on what it holds, and
+    /// one pull may still be arriving), at most
     /// [`DEFAULT_FETCH_BATCH`].
     pub fn fetch_batch(&self, limit: PrefetchLimit) -> usize {
-        self.config.fetch_batch.unwrap_or_else(|| {
-            let sources = self.config.topics.len().max(1) * self.config.partitions as usize;
-            (limit.messages * 2 / (3 * sources)).clamp(1, DEFAULT_FETCH_BATCH)
-        })
+        self.config
+            .fetch_batch
+            .unwrap_or_else(|| (limit.messages * 2 / (3 * self.sources())).clamp(1, DEFAULT_FETCH_BATCH))
+    }
+
+    /// Bytes per pull: the engine's byte limit divided over every partition this member could
+    /// own, like [`NatsTransport::fetch_batch`] (the reader raises it to the server's largest
+    /// message, which must always fit in one pull).
+    pub fn fetch_bytes(&self, limit: PrefetchLimit) -> usize {
+        (limit.bytes * 2 / (3 * self.sources())).max(1)
+    }
+
+    fn sources(&self) -> usize {
+        self.config.topics.len().max(1) * self.config.partitions as usize
     }
 }
 
@@ -118,6 +132,7 @@ impl Transport for NatsTransport {
             owned: Mutex::default(),
             watermarks,
             batch: self.fetch_batch(limit),
+            pull_bytes: self.fetch_bytes(limit),
             departure: Departure::new(),
         });
         tokio::spawn(member::run(shared.clone(), session));
