@@ -5,7 +5,7 @@
 //! A field table is a sorted map: header order and repeated names (last wins) are not kept.
 
 use bytes::Bytes;
-use convoy_core::{Headers, Message, SourceId};
+use convoy_core::{Headers, Message, SourceId, EVENT_ID_HEADER};
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
@@ -51,9 +51,17 @@ pub fn from_field_table(table: Option<&FieldTable>) -> Headers {
 /// it take their key from the `correlation_id` property, if set (what some producers use).
 pub const KEY_HEADER: &str = "convoy-key";
 
-/// A delivery as a convoy message of `source`; its offset is the delivery tag.
+/// A delivery as a convoy message of `source`; its offset is the delivery tag. A message without
+/// a `convoy-event-id` header is identified by AMQP's own `message_id` property when it has one
+/// (what a foreign producer sets to make a re-sent message recognisable); with neither, it has no
+/// event id (delivery tags restart on every channel: no id is derived from them).
 pub fn to_message(delivery: Delivery, source: &SourceId) -> Message {
     let mut headers = from_field_table(delivery.properties.headers().as_ref());
+    if headers.get(EVENT_ID_HEADER).is_none() {
+        if let Some(id) = delivery.properties.message_id() {
+            headers.insert(EVENT_ID_HEADER, Bytes::copy_from_slice(id.as_str().as_bytes()));
+        }
+    }
     let key = match headers.get(KEY_HEADER).cloned() {
         Some(key) => {
             headers = headers

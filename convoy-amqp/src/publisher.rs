@@ -25,8 +25,15 @@
 //! partition = (murmur2(key) & 0x7FFFFFFF) % partitions
 //! channel.confirm_delivery()
 //! channel.basic_publish(exchange=topic, routing_key=str(partition), body=payload, mandatory=True,
-//!     properties=pika.BasicProperties(delivery_mode=2, headers={"convoy-key": key}))
+//!     properties=pika.BasicProperties(delivery_mode=2, message_id=event_id,
+//!                                     headers={"convoy-key": key}))
 //! ```
+//!
+//! `message_id` is the message's event id for convoy's consumers when it carries no
+//! `convoy-event-id` header: give a message the same id every time it is sent, and a re-send is
+//! skipped as a duplicate. Without either, a message has no event id — a delivery tag restarts
+//! on every channel and identifies nothing — so it is never skipped: after a crash or a lost
+//! connection its redelivery is handled again (at least once).
 //!
 //! lapin may attach a returned (unroutable) message to another publish's confirmation when
 //! several are in flight, so returns are matched by their unique `message_id`, never by which

@@ -44,11 +44,13 @@ async fn the_next_owner_gets_the_unacknowledged_first_and_in_order() {
         .await
         .unwrap();
     let mut seen = Vec::new();
+    let mut token = None;
     while seen.len() < 100 {
         match tokio::time::timeout(Duration::from_secs(30), first.events.recv())
             .await
             .unwrap()
         {
+            Some(SourceEvent::Assigned(assignments)) => token = assignments.first().map(|a| a.token),
             Some(SourceEvent::Messages { messages, .. }) => {
                 seen.extend(
                     messages
@@ -64,6 +66,7 @@ async fn the_next_owner_gets_the_unacknowledged_first_and_in_order() {
     first
         .control
         .commit(&[Commit {
+            token: token.expect("the partition was assigned before its messages came"),
             source,
             next: tag10 + 1,
             finished_above: Vec::new(),

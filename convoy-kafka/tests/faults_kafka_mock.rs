@@ -85,6 +85,7 @@ async fn an_offset_map_refused_as_too_large_falls_back_to_the_watermark() {
     );
     sub.control
         .commit(&[Commit {
+            token: 0,
             source: source.clone(),
             next: 10,
             finished_above: vec![12, 13, 20],

@@ -40,6 +40,7 @@ async fn finished_offsets_above_the_watermark_reach_the_next_owner() {
     first
         .control
         .commit(&[Commit {
+            token: 0,
             source: source.clone(),
             next: 10,
             finished_above: finished_above.clone(),

@@ -740,10 +740,8 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
                     m.assigned.insert(tp.clone(), Cursor { next, paused: false });
                     g.owners.insert(tp.clone(), Ownership::Owned(target));
                     assigned.entry(target).or_default().push(Assignment {
-                        source: source_id(&tp.0, tp.1),
-                        committed: next.checked_sub(1),
                         finished_above,
-                        lease: None,
+                        ..Assignment::new(source_id(&tp.0, tp.1), next.checked_sub(1))
                     });
                 }
             }

@@ -9,7 +9,7 @@ use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::Bytes;
-use convoy_core::{Headers, Message, Offset, SourceId};
+use convoy_core::{Headers, Message, Offset, SourceId, EVENT_ID_HEADER};
 
 /// Header carrying the message key: NATS messages have no key of their own.
 pub const KEY_HEADER: &str = "convoy-key";
@@ -91,9 +91,17 @@ pub fn from_header_map(map: Option<&HeaderMap>) -> (Option<Bytes>, Headers) {
     (key, headers)
 }
 
-/// A stream message as a convoy message of `source`; its offset is the stream sequence.
+/// A stream message as a convoy message of `source`; its offset is the stream sequence. A
+/// message without a `convoy-event-id` header is identified by NATS's own `Nats-Msg-Id` (the
+/// producer's deduplication id) when it has one, else by its stream sequence.
 pub fn to_message(headers: Option<&HeaderMap>, payload: Bytes, source: &SourceId, offset: Offset) -> Message {
-    let (key, headers) = from_header_map(headers);
+    let nats_id = headers.and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID));
+    let (key, mut headers) = from_header_map(headers);
+    if headers.get(EVENT_ID_HEADER).is_none() {
+        if let Some(id) = nats_id {
+            headers.insert(EVENT_ID_HEADER, Bytes::copy_from_slice(id.as_str().as_bytes()));
+        }
+    }
     Message {
         key,
         payload,
@@ -124,6 +132,25 @@ mod tests {
         assert_eq!(back.get_str("padded"), Some("  x  "));
         assert_eq!(back.get_str("empty"), Some(""));
         assert!(back.get(BASE64_HEADER).is_none());
+    }
+
+    #[test]
+    fn a_nats_msg_id_is_the_event_id_of_a_message_without_one() {
+        let source = SourceId::partition("t", 0);
+        let mut foreign = HeaderMap::new();
+        foreign.insert("Nats-Msg-Id", "order-7");
+        let m = to_message(Some(&foreign), Bytes::new(), &source, 3);
+        assert_eq!(m.headers.get_str(EVENT_ID_HEADER), Some("order-7"));
+        let mut stamped = HeaderMap::new();
+        stamped.insert("Nats-Msg-Id", "order-7");
+        stamped.insert(EVENT_ID_HEADER, "evt-1");
+        let m = to_message(Some(&stamped), Bytes::new(), &source, 3);
+        assert_eq!(m.headers.get_str(EVENT_ID_HEADER), Some("evt-1"));
+        let m = to_message(None, Bytes::new(), &source, 3);
+        assert!(
+            m.headers.get(EVENT_ID_HEADER).is_none(),
+            "the stream sequence identifies it"
+        );
     }
 
     #[test]

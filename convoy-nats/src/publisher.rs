@@ -29,7 +29,10 @@
 //! ```
 //!
 //! (A key that is not one line of text without surrounding spaces goes base64-encoded, listed
-//! in `convoy-b64`: see [`crate::convert`].)
+//! in `convoy-b64`: see [`crate::convert`].) `Nats-Msg-Id` is also the message's event id for
+//! convoy's consumers when it carries no `convoy-event-id`: give a message the same id every time
+//! it is sent, and a re-send is stored once and, past the duplicate window, skipped by the
+//! idempotency store. Without one, a message is identified by its stream sequence.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -80,6 +80,7 @@ async fn the_next_owner_starts_after_the_watermark_and_in_order() {
     first
         .control
         .commit(&[Commit {
+            token: 0,
             source: source.clone(),
             next: tenth + 1,
             finished_above: Vec::new(),
@@ -149,6 +150,7 @@ async fn a_member_whose_lease_was_taken_reports_the_partition_lost() {
     let refused = member
         .control
         .commit(&[Commit {
+            token: 0,
             source: source.clone(),
             next: seen[4].1 + 1,
             finished_above: Vec::new(),

@@ -932,6 +932,7 @@ pub async fn newest_offsets_cover_what_was_received(target: &dyn ConformanceTarg
     let published = load(bed.as_ref(), &checker, "newest", 10, 20).await.len();
     let Subscription { mut events, control } = subscribe(bed.as_ref()).await;
     let mut last: BTreeMap<SourceId, Offset> = BTreeMap::new();
+    let mut tokens: BTreeMap<SourceId, u64> = BTreeMap::new();
     let mut received = 0;
     let deadline = tokio::time::Instant::now() + LIMIT;
     while received < published {
@@ -942,6 +943,9 @@ pub async fn newest_offsets_cover_what_was_received(target: &dyn ConformanceTarg
                     let at = last.entry(source).or_insert(newest);
                     *at = (*at).max(newest);
                 }
+            }
+            Ok(Some(SourceEvent::Assigned(assignments))) => {
+                tokens.extend(assignments.into_iter().map(|a| (a.source, a.token)));
             }
             Ok(Some(SourceEvent::Failed(e))) => panic!("the subscription failed: {e}"),
             Ok(Some(_)) => {}
@@ -983,6 +987,7 @@ pub async fn newest_offsets_cover_what_was_received(target: &dyn ConformanceTarg
     let commits: Vec<Commit> = last
         .iter()
         .map(|(source, &offset)| Commit {
+            token: tokens.get(source).copied().unwrap_or_default(),
             source: source.clone(),
             next: offset + 1,
             finished_above: Vec::new(),

@@ -470,3 +470,72 @@ async fn an_info_subscriber_sees_no_per_message_span() {
     let dead = bed.dead_letters(0).await.unwrap();
     assert!(dead.iter().all(|m| m.headers.get_str(DL_CAUSE).is_some()));
 }
+
+/// Fails without `Assignment::offsets_are_positions`: a message without an event id of its own
+/// is identified by (source, offset), so after a new assignment whose offsets count deliveries
+/// again from 1 (an AMQP channel), different messages at the same offsets were skipped as
+/// duplicates — and committed. With log positions the same offsets are the same messages, and
+/// are skipped.
+#[tokio::test(start_paused = true)]
+async fn delivery_offsets_never_identify_a_message_log_positions_do() {
+    use convoy_core::{Assignment, SourceId};
+    use convoy_testkit::script::message;
+    for log_positions in [false, true] {
+        let (script, subscription) = scripted(None);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let s = seen.clone();
+        let handler = handler_fn(move |d: Delivery| {
+            let s = s.clone();
+            async move {
+                s.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(d.payload()).into_owned());
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let running = Engine::builder(handler)
+            .config(test_config("positions"))
+            .dead_letter_sink(bed(1).dead_letter_sink())
+            .build()
+            .unwrap()
+            .spawn(subscription);
+        let source = SourceId::partition("t", 0);
+        let assignment = |token: u64| {
+            let a = Assignment::new(source.clone(), None).with_token(token);
+            let a = if log_positions {
+                a
+            } else {
+                a.with_delivery_offsets()
+            };
+            SourceEvent::Assigned(vec![a])
+        };
+        let batch = |channel: &str| {
+            (1..=3)
+                .map(|tag| message(&source, tag, Some("k"), &format!("{channel}-{tag}")))
+                .collect::<Vec<_>>()
+        };
+        script.control(assignment(1));
+        script.messages(&source, batch("first")).await;
+        wait_until("the first three", || seen.lock().unwrap().len() == 3).await;
+        script.control(SourceEvent::Lost(vec![source.clone()]));
+        script.control(assignment(2));
+        script.messages(&source, batch("second")).await;
+        if log_positions {
+            wait_until("the repeats skipped", || running.stats().duplicates == 3).await;
+            assert_eq!(
+                seen.lock().unwrap().len(),
+                3,
+                "the same positions: the same messages"
+            );
+        } else {
+            wait_until("the next three", || seen.lock().unwrap().len() == 6).await;
+            assert_eq!(running.stats().duplicates, 0);
+            let commits = script.commits();
+            assert!(
+                commits.iter().filter(|c| c.token == 2).all(|c| c.next <= 4),
+                "{commits:?}"
+            );
+        }
+        running.stop().await.unwrap();
+    }
+}

@@ -35,6 +35,12 @@ impl MemberSources for Shared {
                 let Some(o) = owned.get(&c.source) else {
                     return Err(TransportError::NotOwner(c.source.clone()));
                 };
+                if o.token != c.token {
+                    // Computed for an earlier channel of this partition: its tags name other
+                    // messages here. That channel's unacknowledged messages were redelivered.
+                    tracing::debug!(source = %c.source, "not acknowledging a commit of an earlier channel");
+                    continue;
+                }
                 // Tags start at 1 on each channel: `next` 1 (or 0) means nothing is finished, and a
                 // multiple-ack of tag 0 would acknowledge every delivery of the channel.
                 let tag = c.watermark().unwrap_or(0).min(o.delivered.load(Relaxed));

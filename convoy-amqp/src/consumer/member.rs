@@ -24,7 +24,7 @@
 //!   still be finishing handlers when the broker hands its partitions on.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +42,9 @@ use crate::connect::connect;
 use crate::error::broker;
 
 use crate::topology;
+
+/// Marks for partition channels, unique in the process (see `Owned::token`).
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
 /// Longest wait between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -291,21 +294,27 @@ impl Session {
         let source = SourceId::partition(topic, p);
         let (paused_tx, paused_rx) = watch::channel(false);
         let delivered = Arc::new(AtomicU64::new(0));
+        let token = NEXT_TOKEN.fetch_add(1, Relaxed);
         self.shared.owned().insert(
             source.clone(),
             Owned {
                 channel,
+                token,
                 acked: 0,
                 delivered: delivered.clone(),
                 paused: paused_tx,
                 queue,
             },
         );
-        // Delivery tags restart with the channel: a fresh assignment, nothing committed on it.
+        // Delivery tags restart with the channel: a fresh assignment, nothing committed on it,
+        // its offsets no positions (no event id is derived from them), its commits marked.
+        let assignment = Assignment::new(source.clone(), None)
+            .with_delivery_offsets()
+            .with_token(token);
         let _ = self
             .shared
             .events
-            .control(SourceEvent::Assigned(vec![Assignment::new(source.clone(), None)]));
+            .control(SourceEvent::Assigned(vec![assignment]));
         let task = PartitionTask::spawn(PartitionParts {
             source: source.clone(),
             consumer,

@@ -36,6 +36,10 @@ pub const MAX_BATCH: usize = 500;
 /// An owned partition as pause, resume and commit see it.
 struct Owned {
     channel: Channel,
+    /// This channel's mark, given to the engine with the assignment and back with its commits:
+    /// a commit computed for an earlier channel of the partition is never acknowledged on this
+    /// one (delivery tags restart with every channel).
+    token: u64,
     /// The highest tag acknowledged on this channel (0: none).
     acked: u64,
     /// The highest tag delivered to the engine.

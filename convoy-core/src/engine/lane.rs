@@ -111,8 +111,8 @@ pub(crate) struct Job {
 pub(crate) enum Task {
     /// Handle the message (see [`run`]).
     Handle {
-        /// False for a message at an offset rewritten after a position reset (see `Work`).
-        check_duplicate: bool,
+        /// What may be done with an id derived from the message's position.
+        position_id: PositionId,
         received: Instant,
         /// The source's lease, when it is held by one: no attempt starts once it ran out.
         lease: Option<Lease>,
@@ -128,10 +128,10 @@ pub(crate) async fn run(job: Job) -> Outcome {
     let Job { shard, message, task } = job;
     match task {
         Task::Handle {
-            check_duplicate,
+            position_id,
             received,
             lease,
-        } => process(&shard, message, check_duplicate, received, lease.as_ref()).await,
+        } => process(&shard, message, position_id, received, lease.as_ref()).await,
         Task::DeadLetter(reason) => {
             dead_letter(
                 &shard.ctx,
@@ -148,7 +148,7 @@ pub(crate) async fn run(job: Job) -> Outcome {
 async fn process(
     shard: &ShardContext,
     message: Arc<Message>,
-    check_duplicate: bool,
+    position_id: PositionId,
     received: Instant,
     lease: Option<&Lease>,
 ) -> Outcome {
@@ -156,7 +156,7 @@ async fn process(
         ctx: &shard.ctx,
         stats: &shard.stats,
         calls: shard.calls.as_deref().map(|c| (c, shard.index)),
-        check_duplicate,
+        position_id,
         lease,
     };
     // DEBUG, not INFO: an application's usual INFO subscriber must not format a span per message.
@@ -191,7 +191,7 @@ struct Lane<'a> {
     stats: &'a ShardStats,
     /// The call slots, and this shard's stripe of them.
     calls: Option<(&'a CallSlots, usize)>,
-    check_duplicate: bool,
+    position_id: PositionId,
     lease: Option<&'a Lease>,
 }
 
@@ -212,7 +212,7 @@ impl Lane<'_> {
             return Outcome::Fenced;
         }
         let id = Remembered::of(ctx.idempotency.as_ref(), &message);
-        if id.seen(self.check_duplicate).await {
+        if id.seen(self.position_id).await {
             tracing::debug!(event_id = %id, "skipping duplicate");
             stats.duplicates.fetch_add(1, Relaxed);
             ctx.metrics.duplicates.increment(1);
@@ -228,7 +228,8 @@ impl Lane<'_> {
                 Err(failure) => Box::pin(self.after_failure(&message, received, &span, failure)).await,
             },
         };
-        if !matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced) {
+        let recorded = id.is_header_id() || !matches!(self.position_id, PositionId::None);
+        if recorded && !matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced) {
             id.remember().await;
         }
         outcome
@@ -340,6 +341,20 @@ impl Lane<'_> {
     }
 }
 
+/// What may be done with an id derived from a message's position (source, offset) — the id of
+/// every message that carries none of its own. A header id is always checked and recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PositionId {
+    /// Checked before handling and recorded after.
+    Checked,
+    /// Recorded, not checked: the offset was rewritten after a position reset, so the id would
+    /// match the message the offset held before.
+    Rewritten,
+    /// Neither: the source's offsets count deliveries and name no position (an AMQP delivery
+    /// tag restarts on every channel), so they identify nothing.
+    None,
+}
+
 /// A message's event id as its lane holds it from the duplicate check to the record (after
 /// handling or dead-lettering; never for a message left unfinished): borrowed and hashed once
 /// for the engine's in-memory store, owned for any other.
@@ -361,13 +376,12 @@ impl<'m> Remembered<'m> {
         }
     }
 
-    /// True when the id was finished before. `check_position` is false for a message at an
-    /// offset rewritten after a position reset: an id derived from its position would match the
-    /// message the offset held before, so only a header id is checked.
-    async fn seen(&self, check_position: bool) -> bool {
+    /// True when the id was finished before. An id derived from the message's position is
+    /// checked only where `position` says so; a header id always is.
+    async fn seen(&self, position: PositionId) -> bool {
         match self {
             Remembered::Off => false,
-            _ if !(check_position || self.is_header_id()) => false,
+            _ if !(matches!(position, PositionId::Checked) || self.is_header_id()) => false,
             Remembered::Memory(store, hash, id) => store.contains_hashed(*hash, *id),
             Remembered::Custom(store, id) => match store.contains_now(id) {
                 Some(answer) => answer,

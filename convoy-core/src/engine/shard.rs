@@ -21,7 +21,7 @@ use hashbrown::HashTable;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::lane::{self, Job, Outcome, ShardContext, Task};
+use super::lane::{self, Job, Outcome, PositionId, ShardContext, Task};
 use super::spares::Spares;
 use super::tasks::{Ended, LaneTasks};
 use crate::message::Message;
@@ -71,9 +71,8 @@ pub(crate) struct Work {
     pub seq: Seq,
     /// What the message weighs for back-pressure (bytes).
     pub weight: usize,
-    /// False for a message at an offset rewritten after a position reset: an id derived from
-    /// its position would match the message the offset held before, so it is not checked.
-    pub check_duplicate: bool,
+    /// What may be done with an id derived from the message's position.
+    pub position_id: PositionId,
     pub received: Instant,
     /// The source's lease, when it is held by one: no attempt starts once it ran out.
     pub lease: Option<Lease>,
@@ -270,7 +269,7 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
             weight: work.weight,
         };
         let task = Task::Handle {
-            check_duplicate: work.check_duplicate,
+            position_id: work.position_id,
             received: work.received,
             lease: work.lease,
         };

@@ -97,22 +97,48 @@ pub struct Assignment {
     pub finished_above: Vec<Offset>,
     /// For a source held by lease: no handler attempt of it starts once the lease ran out.
     pub lease: Option<Lease>,
+    /// True when an offset of this source is a stable position in a log (a Kafka offset, a
+    /// JetStream stream sequence, the memory broker's): the same offset names the same message
+    /// whoever reads it and however often, so a message without an event id of its own is
+    /// identified by (source, offset). False for offsets that only count deliveries (an AMQP
+    /// delivery tag restarts at 1 on every channel): the engine then derives no event id from
+    /// them, and such a message is never skipped as a duplicate.
+    pub offsets_are_positions: bool,
+    /// The transport's own mark of this assignment (a channel, an ownership epoch), given back
+    /// in every [`Commit`] computed for it, so a commit of an earlier assignment is never applied
+    /// to a later one of the same source. 0 where the transport needs none.
+    pub token: u64,
 }
 
 impl Assignment {
-    /// A source with a committed watermark and nothing known above it.
+    /// A source with a committed watermark and nothing known above it, whose offsets are
+    /// positions in a log.
     pub fn new(source: SourceId, committed: Option<Offset>) -> Self {
         Assignment {
             source,
             committed,
             finished_above: Vec::new(),
             lease: None,
+            offsets_are_positions: true,
+            token: 0,
         }
     }
 
     /// The same assignment, held by `lease`.
     pub fn with_lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);
+        self
+    }
+
+    /// The same assignment, its offsets counting deliveries rather than naming log positions.
+    pub fn with_delivery_offsets(mut self) -> Self {
+        self.offsets_are_positions = false;
+        self
+    }
+
+    /// The same assignment, marked `token` for its commits.
+    pub fn with_token(mut self, token: u64) -> Self {
+        self.token = token;
         self
     }
 }
@@ -127,6 +153,8 @@ pub struct Commit {
     /// acknowledges by the last finished position acknowledges `next - 1`, and nothing when no
     /// offset it delivered lies below `next`.
     pub next: Offset,
+    /// The [`Assignment::token`] of the assignment this commit was computed for.
+    pub token: u64,
     /// Finished offsets at or above `next` (only filled for transports that ask for them).
     pub finished_above: Vec<Offset>,
 }

@@ -74,10 +74,8 @@ impl ConvoyContext {
                     KafkaOffset::Offset(next) if next >= 0 => {
                         let next = next as Offset;
                         Assignment {
-                            source,
-                            committed: next.checked_sub(1),
                             finished_above: offset_map::decode(next, e.metadata()),
-                            lease: None,
+                            ..Assignment::new(source, next.checked_sub(1))
                         }
                     }
                     _ => Assignment::new(source, None),

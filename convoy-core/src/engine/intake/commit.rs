@@ -105,6 +105,7 @@ impl Intake {
             commits.push(Commit {
                 source: state.id.clone(),
                 next,
+                token: state.token,
                 finished_above: if self.wants_above {
                     state.tracker.finished_above()
                 } else {

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::Intake;
 use crate::config::KeylessPolicy;
+use crate::engine::lane::PositionId;
 use crate::engine::shard::{shard_of, LaneOf, ShardCommand, Work};
 use crate::message::{Message, Offset, SourceId};
 
@@ -78,7 +79,13 @@ impl Intake {
             }
             let epoch = state.epoch;
             let lease = state.lease.clone();
-            let check_duplicate = state.rewritten_until.is_none_or(|r| message.offset > r);
+            let position_id = if !state.offsets_are_positions {
+                PositionId::None
+            } else if state.rewritten_until.is_some_and(|r| message.offset <= r) {
+                PositionId::Rewritten
+            } else {
+                PositionId::Checked
+            };
             let weight = message.weight();
             // Hashed once here: the shard's lane table takes the same hash.
             let (lane, hash) = self.lane_of(&message, epoch);
@@ -91,7 +98,7 @@ impl Intake {
                 epoch,
                 seq,
                 weight,
-                check_duplicate,
+                position_id,
                 received,
                 lease,
             });

@@ -43,6 +43,10 @@ pub(super) struct SourceState {
     /// After a position reset, offsets up to this one were delivered before: an event id
     /// derived from the position would name the message the offset held then.
     pub rewritten_until: Option<Offset>,
+    /// The assignment's offsets are log positions: ids may be derived from them.
+    pub offsets_are_positions: bool,
+    /// The transport's mark of the assignment, given back with its commits.
+    pub token: u64,
     /// The lowest unfinished message and since when it has been the lowest.
     pub head_since: Option<(Seq, Instant)>,
     pub stuck_reported: Option<Seq>,
@@ -101,6 +105,8 @@ impl Intake {
             head_since: None,
             stuck_reported: None,
             lease: a.lease,
+            offsets_are_positions: a.offsets_are_positions,
+            token: a.token,
         };
         self.next_epoch += 1;
         tracing::info!(source = %a.source, committed = ?a.committed, "source assigned");
