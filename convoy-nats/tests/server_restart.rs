@@ -48,7 +48,7 @@ async fn a_server_killed_and_restarted_twice_loses_nothing() {
     // Restarted at once the first time, and the second time after an outage longer than a lease
     // lasts, so the member loses its partitions and takes them again.
     let long_outage = config.lease_ttl() + Duration::from_secs(1);
-    restarts::publish_through_two_crashes(engine, &publisher, &checker, |crash| {
+    restarts::publish_through_two_crashes(engine, &publisher, restarts::Ids::Stable, &checker, |crash| {
         server.kill();
         std::thread::sleep(if crash == 0 { Duration::ZERO } else { long_outage });
         server.restart().unwrap();

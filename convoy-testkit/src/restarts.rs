@@ -33,14 +33,23 @@ pub async fn start_engine(
     start_probe_engine(transport, sink, config, checker).await
 }
 
-/// Publishes 12 chunks of 200 probe messages over 20 keys, each message with a stable event id
-/// so a chunk re-sent after an outage is recognised as duplicates. After the 4th and the 8th
+/// What the producer puts on each message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ids {
+    /// A stable event id, so a chunk re-sent after an outage is recognised as duplicates.
+    Stable,
+    /// None: a foreign producer's messages, identified (where at all) by the broker's position.
+    None,
+}
+
+/// Publishes 12 chunks of 200 probe messages over 20 keys, with `ids`. After the 4th and the 8th
 /// chunk, once half of what was published is handled, calls `crash(0)` and `crash(1)` (on a
 /// blocking section: they kill the broker and bring it back). Then waits for everything,
 /// stops `engine` and asserts that every message was handled, in per-key order.
 pub async fn publish_through_two_crashes(
     engine: EngineHandle,
     publisher: &dyn Publisher,
+    ids: Ids,
     checker: &OrderChecker,
     mut crash: impl FnMut(usize),
 ) {
@@ -49,6 +58,9 @@ pub async fn publish_through_two_crashes(
         let batch: Vec<OutgoingMessage> = probe_batch(checker, "key-", KEYS, chunk * PER_CHUNK, PER_CHUNK, 0)
             .into_iter()
             .map(|m| {
+                if ids == Ids::None {
+                    return m;
+                }
                 let id = format!(
                     "{}-{}",
                     String::from_utf8_lossy(m.key.as_deref().unwrap_or_default()),
