@@ -123,10 +123,7 @@ pub async fn committed(config: &NatsConfig, topic: &str) -> Result<Vec<(u32, Off
             .await
             .map_err(|e| nats_error("reading a watermark", e))?;
         if let Some(entry) = entry.filter(|e| e.operation == Operation::Put) {
-            if let Some(w) = std::str::from_utf8(&entry.value)
-                .ok()
-                .and_then(|v| v.parse().ok())
-            {
+            if let (Some(w), _) = topology::parse_watermark_value(&entry.value) {
                 out.push((p, w));
             }
         }

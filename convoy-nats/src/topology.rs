@@ -19,7 +19,8 @@ use async_nats::jetstream::kv::Store;
 use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
 use async_nats::jetstream::Context;
 use async_nats::jetstream::ErrorCode;
-use convoy_core::TransportError;
+use bytes::Bytes;
+use convoy_core::{Offset, TransportError};
 
 use crate::config::NatsConfig;
 use crate::error::nats_error;
@@ -74,6 +75,27 @@ pub fn leases_bucket(group: &str) -> String {
 /// Key of partition `p` of `topic`, in both buckets: its lease, and its watermark.
 pub fn partition_key(topic: &str, p: u32) -> String {
     format!("p.{}.{p}", stream_name(topic))
+}
+
+/// A watermark entry's value: the watermark in decimal (empty for none) and, after an `@`, the
+/// member that wrote it in hex — so a member can tell its own write from another's when the
+/// answer to a write was lost (a server restarting): `"41@00000000000000a7"`, `"@00000000000000a7"`.
+pub fn watermark_value(watermark: Option<Offset>, member: u64) -> Bytes {
+    Bytes::from(format!(
+        "{}@{member:016x}",
+        watermark.map(|w| w.to_string()).unwrap_or_default()
+    ))
+}
+
+/// The watermark and the writer of a watermark entry's value (a bare number, as earlier
+/// versions wrote, has no writer).
+pub fn parse_watermark_value(value: &[u8]) -> (Option<Offset>, Option<u64>) {
+    let text = std::str::from_utf8(value).unwrap_or_default();
+    let (watermark, writer) = match text.split_once('@') {
+        Some((w, m)) => (w, u64::from_str_radix(m, 16).ok()),
+        None => (text, None),
+    };
+    (watermark.parse().ok(), writer)
 }
 
 /// Key announcing member `id`.
@@ -309,6 +331,21 @@ pub async fn open_watermarks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watermark_values_name_their_writer() {
+        assert_eq!(
+            parse_watermark_value(&watermark_value(Some(41), 0xa7)),
+            (Some(41), Some(0xa7))
+        );
+        assert_eq!(parse_watermark_value(&watermark_value(None, 3)), (None, Some(3)));
+        assert_eq!(
+            parse_watermark_value(b"17"),
+            (Some(17), None),
+            "the earlier format"
+        );
+        assert_eq!(parse_watermark_value(b""), (None, None));
+    }
 
     #[test]
     fn unlimited_and_one_replica_compare_as_the_server_stores_them() {

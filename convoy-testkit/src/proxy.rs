@@ -2,7 +2,9 @@
 //! made to the proxy is forwarded to the target. [`Proxy::cut`] closes every connection at once
 //! (the client sees the broker go away and reconnects — through the proxy again);
 //! [`Proxy::stall`] stops forwarding without closing anything (a silent network partition: both
-//! sides keep their sockets and hear nothing) until [`Proxy::resume`]. Works for any broker.
+//! sides keep their sockets and hear nothing) until [`Proxy::resume`];
+//! [`Proxy::stall_replies`] stops only what the broker sends, so requests are carried out and
+//! their answers lost (a write whose outcome the client cannot know). Works for any broker.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -19,6 +21,8 @@ pub struct Proxy {
     /// Bumped by `cut`: connections opened before the current value close.
     generation: watch::Sender<u64>,
     stalled: watch::Sender<bool>,
+    /// Only the broker-to-client direction stalled.
+    replies_stalled: watch::Sender<bool>,
     accepted: Arc<AtomicU64>,
     held: Arc<AtomicU64>,
     accept: JoinHandle<()>,
@@ -31,12 +35,14 @@ impl Proxy {
         let address = listener.local_addr()?;
         let (generation, _) = watch::channel(0u64);
         let (stalled, _) = watch::channel(false);
+        let (replies_stalled, _) = watch::channel(false);
         let accepted = Arc::new(AtomicU64::new(0));
         let held = Arc::new(AtomicU64::new(0));
         let accept = {
-            let (generation, stalled, accepted, held) = (
+            let (generation, stalled, replies_stalled, accepted, held) = (
                 generation.clone(),
                 stalled.clone(),
+                replies_stalled.clone(),
                 accepted.clone(),
                 held.clone(),
             );
@@ -50,6 +56,7 @@ impl Proxy {
                         born,
                         generation: generation.subscribe(),
                         stalled: stalled.subscribe(),
+                        replies_stalled: replies_stalled.subscribe(),
                         held: held.clone(),
                     };
                     tokio::spawn(forward(client, link));
@@ -60,6 +67,7 @@ impl Proxy {
             address,
             generation,
             stalled,
+            replies_stalled,
             accepted,
             held,
             accept,
@@ -83,9 +91,15 @@ impl Proxy {
         self.stalled.send_replace(true);
     }
 
+    /// Stops forwarding what the broker sends, closing nothing; requests still reach it.
+    pub fn stall_replies(&self) {
+        self.replies_stalled.send_replace(true);
+    }
+
     /// Forwards again what a stall held back.
     pub fn resume(&self) {
         self.stalled.send_replace(false);
+        self.replies_stalled.send_replace(false);
     }
 
     /// How many connections the proxy has accepted so far (a reconnect is one more).
@@ -114,6 +128,7 @@ struct Link {
     born: u64,
     generation: watch::Receiver<u64>,
     stalled: watch::Receiver<bool>,
+    replies_stalled: watch::Receiver<bool>,
     held: Arc<AtomicU64>,
 }
 
@@ -127,8 +142,14 @@ async fn forward(client: TcpStream, link: Link) {
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     let born = link.born;
-    let up = pump(client_read, server_write, &link, born);
-    let down = pump(server_read, client_write, &link, born);
+    let up = pump(client_read, server_write, &link, link.stalled.clone(), born);
+    let down = pump(
+        server_read,
+        client_write,
+        &link,
+        link.replies_stalled.clone(),
+        born,
+    );
     let mut generation = link.generation.clone();
     tokio::select! {
         _ = up => {}
@@ -144,6 +165,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     link: &Link,
+    mut direction: watch::Receiver<bool>,
     born: u64,
 ) {
     let mut stalled = link.stalled.clone();
@@ -154,11 +176,11 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        let holding = *stalled.borrow();
+        let holding = *stalled.borrow() || *direction.borrow();
         if holding {
             held.fetch_add(read as u64, Relaxed);
         }
-        let resumed = stalled.wait_for(|s| !*s).await.is_ok();
+        let resumed = stalled.wait_for(|s| !*s).await.is_ok() && direction.wait_for(|s| !*s).await.is_ok();
         if holding {
             held.fetch_sub(read as u64, Relaxed);
         }

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use async_nats::jetstream::kv::UpdateErrorKind;
+use async_nats::jetstream::kv::{Operation, UpdateErrorKind};
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use super::Shared;
 use crate::error::nats_error;
+use crate::topology;
 
 #[async_trait]
 impl MemberSources for Shared {
@@ -27,8 +28,14 @@ impl MemberSources for Shared {
 
     /// Writes each watermark `next - 1` to the group's bucket against the revision this member
     /// wrote last: if anyone else wrote since (the partition moved on while this member was
-    /// cut off), the commit is refused as not owned. Nothing is written once the lease ran out.
+    /// cut off), the commit is refused as not owned and the partition given up. A write whose
+    /// answer was lost (a timeout while the server restarted) may still have been stored and
+    /// moved the revision on: a refused write is resolved by reading the entry back — this
+    /// member's own value means it was, and the write goes again against its revision. Each
+    /// source is committed whatever happens to the others; one whose commits fail for longer
+    /// than [`GIVE_UP_AFTER`] leases is given up loudly rather than handled on uncommitted.
     async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {
+        let mut first_error = None;
         for c in commits {
             let Some(watermark) = c.watermark() else {
                 continue;
@@ -37,25 +44,28 @@ impl MemberSources for Shared {
                 let owned = self.owned();
                 match owned.get(&c.source) {
                     Some(o) if o.lease.is_valid() => (o.watermark_key.clone(), o.watermark_revision),
-                    _ => return Err(TransportError::NotOwner(c.source.clone())),
+                    _ => {
+                        first_error.get_or_insert(TransportError::NotOwner(c.source.clone()));
+                        continue;
+                    }
                 }
             };
-            let value = Bytes::from(watermark.to_string());
-            match self.watermarks.update(key.as_str(), value, revision).await {
+            let value = topology::watermark_value(Some(watermark), self.member);
+            match self.write_watermark(&c.source, &key, value, revision).await {
                 Ok(revision) => {
                     if let Some(o) = self.owned().get_mut(&c.source) {
                         o.watermark_revision = revision;
+                        o.commits_failing_since = None;
                     }
                 }
-                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
-                    return Err(TransportError::NotOwner(c.source.clone()))
+                Err(e) => {
+                    self.commit_failed(&c.source, &e).await;
+                    first_error.get_or_insert(e);
                 }
-                Err(e) => return Err(nats_error(&format!("committing {}", c.source), e)),
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
-
     /// The newest sequence of the partition subject (reported while paused too), so the
     /// engine's lag is that minus the watermark — in stream sequences, which the partitions of a
     /// topic share: an upper bound of the partition's unfinished messages.
@@ -74,5 +84,72 @@ impl MemberSources for Shared {
 
     fn revoke_timeout(&self) -> Duration {
         self.config.revoke_timeout()
+    }
+}
+
+/// A source whose commits have failed for this many lease lifetimes is given up.
+pub const GIVE_UP_AFTER: u32 = 3;
+
+impl Shared {
+    /// Writes a watermark entry against `revision`; a refusal for a wrong revision is resolved
+    /// by reading the entry back (see [`MemberSources::commit`]).
+    async fn write_watermark(
+        &self,
+        source: &SourceId,
+        key: &str,
+        value: Bytes,
+        revision: u64,
+    ) -> Result<u64, TransportError> {
+        let refused = match self.watermarks.update(key, value.clone(), revision).await {
+            Ok(revision) => return Ok(revision),
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => e,
+            Err(e) => return Err(nats_error(&format!("committing {key}"), e)),
+        };
+        let entry = self
+            .watermarks
+            .entry(key)
+            .await
+            .map_err(|e| nats_error(&format!("reading back the watermark {key}"), e))?;
+        match entry {
+            Some(e)
+                if e.operation == Operation::Put
+                    && topology::parse_watermark_value(&e.value).1 == Some(self.member) =>
+            {
+                tracing::info!(key, "a watermark written before was stored although its answer was lost; committing on from its revision");
+                self.watermarks
+                    .update(key, value, e.revision)
+                    .await
+                    .map_err(|e| nats_error(&format!("committing {key}"), e))
+            }
+            _ => {
+                tracing::debug!(key, error = %refused, "the watermark was written by another member");
+                Err(TransportError::NotOwner(source.clone()))
+            }
+        }
+    }
+
+    /// A failed commit: another member's write gives the partition up at once; other failures
+    /// give it up once they have lasted [`GIVE_UP_AFTER`] lease lifetimes.
+    async fn commit_failed(&self, source: &SourceId, error: &TransportError) {
+        let bound = self.config.lease_ttl() * GIVE_UP_AFTER;
+        let give_up = {
+            let mut owned = self.owned();
+            let Some(o) = owned.get_mut(source) else { return };
+            let since = *o
+                .commits_failing_since
+                .get_or_insert_with(tokio::time::Instant::now);
+            matches!(error, TransportError::NotOwner(_)) || since.elapsed() >= bound
+        };
+        if !give_up {
+            return;
+        }
+        tracing::error!(%source, %error, bound = ?bound, "cannot commit this partition: giving it up (its unfinished messages go to the next owner, from the last committed watermark)");
+        let Some((topic, partition)) = source.topic_partition() else {
+            return;
+        };
+        self.owned().remove(source);
+        self.leases
+            .give_up(&topology::partition_key(topic, partition))
+            .await;
     }
 }

@@ -122,6 +122,22 @@ impl Leases {
         }
     }
 
+    /// Gives `key` up at once and says so: it ends here, is released for another member to
+    /// take, and — a partition's — is reported lost to the engine and the member.
+    pub async fn give_up(&self, key: &str) {
+        let Some(held) = self.held().remove(key) else {
+            return;
+        };
+        held.lease.expire();
+        if let Err(e) = self.store.delete_expect_revision(key, Some(held.revision)).await {
+            tracing::debug!(key, error = %e, "releasing a lease given up (it expires by itself)");
+        }
+        if let Some(source) = held.source {
+            let _ = self.events.control(SourceEvent::Lost(vec![source]));
+        }
+        let _ = self.lost.send(key.to_owned());
+    }
+
     /// Every key held (the member's leave releases them all).
     pub fn keys(&self) -> Vec<String> {
         self.held().keys().cloned().collect()

@@ -137,6 +137,16 @@ impl Session {
         Ok((session, buckets.watermarks))
     }
 
+    /// This member's id.
+    pub fn me(&self) -> u64 {
+        self.me
+    }
+
+    /// This member's leases.
+    pub fn leases(&self) -> Arc<Leases> {
+        self.leases.clone()
+    }
+
     /// Holds this member's presence key (again, after it was lost).
     async fn announce(&self) -> Result<(), TransportError> {
         let key = topology::member_key(self.me);
@@ -303,11 +313,13 @@ impl Session {
                 .await
                 .map_err(|e| nats_error("reading a watermark", e))?;
             let (committed, revision) = match entry {
-                Some(e) if e.operation == Operation::Put => (parse_watermark(&e.value), Some(e.revision)),
+                Some(e) if e.operation == Operation::Put => {
+                    (topology::parse_watermark_value(&e.value).0, Some(e.revision))
+                }
                 Some(e) => (None, Some(e.revision)), // a tombstone: compare against it
                 None => (None, None),
             };
-            let value = Bytes::from(committed.map(|w| w.to_string()).unwrap_or_default());
+            let value = topology::watermark_value(committed, self.me);
             let claimed = match revision {
                 Some(revision) => store.update(key.as_str(), value, revision).await.map_err(|e| {
                     (
@@ -356,6 +368,7 @@ impl Session {
                 watermark_key: start.watermark_key,
                 watermark_revision: start.watermark_revision,
                 delivered: delivered.clone(),
+                commits_failing_since: None,
                 paused: paused_tx,
                 stream: start.stream.clone(),
                 subject: subject.clone(),
@@ -464,11 +477,6 @@ struct Start {
     watermark_key: String,
     watermark_revision: u64,
     stream: async_nats::jetstream::stream::Stream,
-}
-
-/// A watermark entry's value: the watermark in decimal, or empty for none.
-fn parse_watermark(value: &[u8]) -> Option<Offset> {
-    std::str::from_utf8(value).ok().and_then(|v| v.parse().ok())
 }
 
 /// The member's life: serve until the subscription is closed, then say so.

@@ -50,6 +50,8 @@ struct Owned {
     watermark_revision: u64,
     /// The highest stream sequence handed to the engine.
     delivered: Arc<AtomicU64>,
+    /// Since when this source's commits fail (none: the last one went through).
+    commits_failing_since: Option<tokio::time::Instant>,
     paused: watch::Sender<bool>,
     stream: Stream,
     subject: String,
@@ -67,6 +69,9 @@ struct Shared {
     pull_bytes: usize,
     /// The engine closing the subscription asks the member to leave the group.
     departure: Departure,
+    /// This member (its id is in the watermarks it writes) and its leases.
+    member: u64,
+    leases: Arc<leases::Leases>,
 }
 
 impl Shared {
@@ -134,6 +139,8 @@ impl Transport for NatsTransport {
             batch: self.fetch_batch(limit),
             pull_bytes: self.fetch_bytes(limit),
             departure: Departure::new(),
+            member: session.me(),
+            leases: session.leases(),
         });
         tokio::spawn(member::run(shared.clone(), session));
         Ok(Subscription {

@@ -141,3 +141,39 @@ impl ConformanceTarget for NatsTarget {
 pub fn python() -> Option<String> {
     setting("CONVOY_PYTHON")
 }
+
+/// The last stream sequence stored on each partition subject of `topic` (0 for none).
+pub async fn last_sequences(server: &str, topic: &str, partitions: u32) -> Vec<(u32, u64)> {
+    let client = async_nats::connect(server).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js
+        .get_stream(convoy_nats::topology::stream_name(topic))
+        .await
+        .unwrap();
+    let mut last = Vec::new();
+    for p in 0..partitions {
+        let subject = convoy_nats::topology::partition_subject(topic, p);
+        let sequence = stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+            .map_or(0, |m| m.sequence);
+        last.push((p, sequence));
+    }
+    last
+}
+
+/// Waits until `config.group`'s committed watermarks of `topic` are `expected`.
+pub async fn wait_committed(config: &NatsConfig, topic: &str, expected: &[(u32, u64)]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let committed = admin::committed(config, topic).await.unwrap();
+        if committed == expected {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "commits stopped: committed {committed:?}, last messages {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
