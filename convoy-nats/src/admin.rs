@@ -123,7 +123,7 @@ pub async fn committed(config: &NatsConfig, topic: &str) -> Result<Vec<(u32, Off
             .await
             .map_err(|e| nats_error("reading a watermark", e))?;
         if let Some(entry) = entry.filter(|e| e.operation == Operation::Put) {
-            if let (Some(w), _) = topology::parse_watermark_value(&entry.value) {
+            if let Some(w) = topology::WatermarkEntry::decode(&entry.value).watermark {
                 out.push((p, w));
             }
         }

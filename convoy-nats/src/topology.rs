@@ -77,25 +77,42 @@ pub fn partition_key(topic: &str, p: u32) -> String {
     format!("p.{}.{p}", stream_name(topic))
 }
 
-/// A watermark entry's value: the watermark in decimal (empty for none) and, after an `@`, the
-/// member that wrote it in hex — so a member can tell its own write from another's when the
-/// answer to a write was lost (a server restarting): `"41@00000000000000a7"`, `"@00000000000000a7"`.
-pub fn watermark_value(watermark: Option<Offset>, member: u64) -> Bytes {
-    Bytes::from(format!(
-        "{}@{member:016x}",
-        watermark.map(|w| w.to_string()).unwrap_or_default()
-    ))
+/// What a watermark entry holds: the watermark, the member that wrote it (so a member can tell
+/// its own write from another's when the answer to a write was lost), and when the stream it
+/// counts in was created (so a watermark of a stream deleted and created again, or restored
+/// from an older backup, is not taken for a position in the new one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatermarkEntry {
+    /// Every stream sequence up to it is finished (none: nothing is).
+    pub watermark: Option<Offset>,
+    /// The member that wrote it (an earlier version's bare number has none).
+    pub writer: Option<u64>,
+    /// The stream's creation time, in Unix nanoseconds (none in an earlier version's value).
+    pub stream_created: Option<i128>,
 }
 
-/// The watermark and the writer of a watermark entry's value (a bare number, as earlier
-/// versions wrote, has no writer).
-pub fn parse_watermark_value(value: &[u8]) -> (Option<Offset>, Option<u64>) {
-    let text = std::str::from_utf8(value).unwrap_or_default();
-    let (watermark, writer) = match text.split_once('@') {
-        Some((w, m)) => (w, u64::from_str_radix(m, 16).ok()),
-        None => (text, None),
-    };
-    (watermark.parse().ok(), writer)
+impl WatermarkEntry {
+    /// The entry's value: `"<watermark>@<writer hex>@<stream created ns>"`, the watermark empty
+    /// for none.
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(format!(
+            "{}@{:016x}@{}",
+            self.watermark.map(|w| w.to_string()).unwrap_or_default(),
+            self.writer.unwrap_or_default(),
+            self.stream_created.unwrap_or_default()
+        ))
+    }
+
+    /// Reads a value written by [`WatermarkEntry::encode`] or an earlier version's bare number.
+    pub fn decode(value: &[u8]) -> WatermarkEntry {
+        let text = std::str::from_utf8(value).unwrap_or_default();
+        let mut parts = text.split('@');
+        WatermarkEntry {
+            watermark: parts.next().and_then(|w| w.parse().ok()),
+            writer: parts.next().and_then(|m| u64::from_str_radix(m, 16).ok()),
+            stream_created: parts.next().and_then(|c| c.parse().ok()),
+        }
+    }
 }
 
 /// Key announcing member `id`.
@@ -333,18 +350,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn watermark_values_name_their_writer() {
+    fn watermark_entries_name_their_writer_and_stream() {
+        let entry = WatermarkEntry {
+            watermark: Some(41),
+            writer: Some(0xa7),
+            stream_created: Some(1_796_183_039_901_000_000),
+        };
+        assert_eq!(WatermarkEntry::decode(&entry.encode()), entry);
+        let none = WatermarkEntry {
+            watermark: None,
+            ..entry
+        };
+        assert_eq!(WatermarkEntry::decode(&none.encode()), none);
         assert_eq!(
-            parse_watermark_value(&watermark_value(Some(41), 0xa7)),
-            (Some(41), Some(0xa7))
-        );
-        assert_eq!(parse_watermark_value(&watermark_value(None, 3)), (None, Some(3)));
-        assert_eq!(
-            parse_watermark_value(b"17"),
-            (Some(17), None),
+            WatermarkEntry::decode(b"17"),
+            WatermarkEntry {
+                watermark: Some(17),
+                ..WatermarkEntry::default()
+            },
             "the earlier format"
         );
-        assert_eq!(parse_watermark_value(b""), (None, None));
+        assert_eq!(WatermarkEntry::decode(b""), WatermarkEntry::default());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::Shared;
 use crate::error::nats_error;
-use crate::topology;
+use crate::topology::{self, WatermarkEntry};
 
 #[async_trait]
 impl MemberSources for Shared {
@@ -40,17 +40,24 @@ impl MemberSources for Shared {
             let Some(watermark) = c.watermark() else {
                 continue;
             };
-            let (key, revision) = {
+            let (key, revision, stream_created) = {
                 let owned = self.owned();
                 match owned.get(&c.source) {
-                    Some(o) if o.lease.is_valid() => (o.watermark_key.clone(), o.watermark_revision),
+                    Some(o) if o.lease.is_valid() => {
+                        (o.watermark_key.clone(), o.watermark_revision, o.stream_created)
+                    }
                     _ => {
                         first_error.get_or_insert(TransportError::NotOwner(c.source.clone()));
                         continue;
                     }
                 }
             };
-            let value = topology::watermark_value(Some(watermark), self.member);
+            let value = WatermarkEntry {
+                watermark: Some(watermark),
+                writer: Some(self.member),
+                stream_created: Some(stream_created),
+            }
+            .encode();
             match self.write_watermark(&c.source, &key, value, revision).await {
                 Ok(revision) => {
                     if let Some(o) = self.owned().get_mut(&c.source) {
@@ -113,7 +120,7 @@ impl Shared {
         match entry {
             Some(e)
                 if e.operation == Operation::Put
-                    && topology::parse_watermark_value(&e.value).1 == Some(self.member) =>
+                    && WatermarkEntry::decode(&e.value).writer == Some(self.member) =>
             {
                 tracing::info!(key, "a watermark written before was stored although its answer was lost; committing on from its revision");
                 self.watermarks

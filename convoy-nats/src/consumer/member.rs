@@ -48,7 +48,7 @@ use crate::connect::{connect, Connected};
 /// How long joining the group waits out an outage before `subscribe` fails with it.
 const JOIN_WITHIN: Duration = Duration::from_secs(30);
 use crate::error::nats_error;
-use crate::topology;
+use crate::topology::{self, WatermarkEntry};
 
 /// Longest wait for the member count.
 const MEMBERS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -300,11 +300,25 @@ impl Session {
         Ok(())
     }
 
-    /// Reads a won partition's committed watermark and claims its entry (rewriting it under a
-    /// new revision, so a former owner's late commit is refused), and opens its stream.
+    /// Reads a won partition's committed watermark, checks it against the stream, claims its
+    /// entry (rewriting it under a new revision with this member's id, so a former owner's late
+    /// commit is refused), and opens its stream.
     async fn prepare(&self, shared: &Arc<Shared>, topic: &str, p: u32) -> Result<Start, TransportError> {
         let key = topology::partition_key(topic, p);
         let store = &shared.watermarks;
+        // The stream first: a stored watermark is only a position in the stream it was counted in.
+        let mut stream = self
+            .connected
+            .js
+            .get_stream(topology::stream_name(topic))
+            .await
+            .map_err(|e| nats_error(&format!("opening the stream of {topic}"), e))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| nats_error(&format!("reading the stream of {topic}"), e))?
+            .clone();
+        let stream_created = info.created.unix_timestamp_nanos();
         let mut attempts = 0;
         let (committed, revision) = loop {
             attempts += 1;
@@ -312,14 +326,21 @@ impl Session {
                 .entry(key.as_str())
                 .await
                 .map_err(|e| nats_error("reading a watermark", e))?;
-            let (committed, revision) = match entry {
+            let (stored, revision) = match entry {
                 Some(e) if e.operation == Operation::Put => {
-                    (topology::parse_watermark_value(&e.value).0, Some(e.revision))
+                    (WatermarkEntry::decode(&e.value), Some(e.revision))
                 }
-                Some(e) => (None, Some(e.revision)), // a tombstone: compare against it
-                None => (None, None),
+                Some(e) => (WatermarkEntry::default(), Some(e.revision)), // a tombstone: compare against it
+                None => (WatermarkEntry::default(), None),
             };
-            let value = topology::watermark_value(committed, self.me);
+            let committed =
+                checked_against_stream(topic, p, stored, stream_created, info.state.last_sequence);
+            let value = WatermarkEntry {
+                watermark: committed,
+                writer: Some(self.me),
+                stream_created: Some(stream_created),
+            }
+            .encode();
             let claimed = match revision {
                 Some(revision) => store.update(key.as_str(), value, revision).await.map_err(|e| {
                     (
@@ -341,16 +362,11 @@ impl Session {
                 Err((_, e)) => return Err(e),
             }
         };
-        let stream = self
-            .connected
-            .js
-            .get_stream(topology::stream_name(topic))
-            .await
-            .map_err(|e| nats_error(&format!("opening the stream of {topic}"), e))?;
         Ok(Start {
             committed,
             watermark_key: key,
             watermark_revision: revision,
+            stream_created,
             stream,
         })
     }
@@ -367,6 +383,7 @@ impl Session {
                 lease: lease.clone(),
                 watermark_key: start.watermark_key,
                 watermark_revision: start.watermark_revision,
+                stream_created: start.stream_created,
                 delivered: delivered.clone(),
                 commits_failing_since: None,
                 paused: paused_tx,
@@ -476,8 +493,37 @@ struct Start {
     committed: Option<Offset>,
     watermark_key: String,
     watermark_revision: u64,
+    stream_created: i128,
     stream: async_nats::jetstream::stream::Stream,
 }
+
+/// The stored watermark of partition `p` of `topic` where it still fits the stream: a stream
+/// created since it was written (deleted and created again, restored from a backup) or a
+/// watermark beyond the stream's last message (a lost unsynced tail) would make reading start
+/// past messages never handled. Such a watermark is reset loudly and the partition read from
+/// the stream's first message: a duplicate beats a silent loss.
+fn checked_against_stream(
+    topic: &str,
+    p: u32,
+    stored: WatermarkEntry,
+    stream_created: i128,
+    last_sequence: u64,
+) -> Option<Offset> {
+    let watermark = stored.watermark?;
+    let why = if stored.stream_created.is_some_and(|c| c != stream_created) {
+        "the stream was created again since it was written"
+    } else if watermark > last_sequence {
+        "it is beyond the stream's last message"
+    } else {
+        return Some(watermark);
+    };
+    tracing::warn!(topic, partition = p, watermark, last_sequence, "the committed watermark does not fit the stream ({why}): reading the partition from its first message again");
+    metrics::counter!(WATERMARK_RESETS, "topic" => topic.to_owned()).increment(1);
+    None
+}
+
+/// Watermarks reset because they did not fit their stream.
+pub const WATERMARK_RESETS: &str = "convoy_nats_watermark_resets_total";
 
 /// The member's life: serve until the subscription is closed, then say so.
 pub(super) async fn run(shared: Arc<Shared>, mut session: Session) {

@@ -48,6 +48,8 @@ struct Owned {
     /// (a commit with an older one means someone else wrote since: not the owner).
     watermark_key: String,
     watermark_revision: u64,
+    /// When the partition's stream was created (Unix ns), written with every watermark.
+    stream_created: i128,
     /// The highest stream sequence handed to the engine.
     delivered: Arc<AtomicU64>,
     /// Since when this source's commits fail (none: the last one went through).

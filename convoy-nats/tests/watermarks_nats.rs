@@ -1,0 +1,72 @@
+//! A committed watermark that does not fit its stream any more — the stream deleted and created
+//! again (or restored from an older backup, or its unsynced tail lost in a host crash) — is
+//! reset loudly and the partition read from its first message. Before, reading started at the
+//! stored watermark + 1 and the new stream's first messages were skipped without a word
+//! (issue 25, item 5: W = 5, the stream recreated, 5 new messages, none handled).
+
+#![allow(clippy::unwrap_used)] // tests unwrap what they set up themselves
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use convoy_core::Engine;
+use convoy_nats::{admin, topology, NatsConfig, NatsDeadLetterSink, NatsPublisher, NatsTransport};
+use convoy_testkit::conformance::test_config;
+use convoy_testkit::probe::{publish_load, ProbeHandler, RecordingSink};
+use convoy_testkit::OrderChecker;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs the group's engine until `checker` saw everything published, then stops it.
+async fn consume_all(config: &NatsConfig, checker: &Arc<OrderChecker>) {
+    let engine = Engine::builder(ProbeHandler::new(checker.clone()))
+        .config(test_config(&config.group))
+        .dead_letter_sink(RecordingSink::new(
+            Arc::new(NatsDeadLetterSink::new(config)),
+            checker.clone(),
+        ))
+        .build()
+        .unwrap()
+        .start(&NatsTransport::new(config.clone()).unwrap())
+        .await
+        .unwrap();
+    let complete = checker.wait_complete(LIMIT).await;
+    engine.stop().await.unwrap();
+    assert!(complete, "not everything was handled: {:?}", checker.report());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watermark_of_a_stream_created_again_is_reset_not_trusted() {
+    common::init_tracing();
+    let Some(server) = common::server() else {
+        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
+        return;
+    };
+    let topic = common::unique("convoy-recreated");
+    let config = common::test_config(&server, &common::unique("g"), &topic, 1);
+    admin::create_topics(&config, &[(&topic, 1)]).await.unwrap();
+    let publisher = NatsPublisher::new(&config, &topic);
+    let before = Arc::new(OrderChecker::new());
+    publish_load(&publisher, &before, "old-k", 1, 5).await.unwrap();
+    consume_all(&config, &before).await;
+    assert_eq!(admin::committed(&config, &topic).await.unwrap(), [(0, 5)]);
+
+    // The stream goes and comes back empty; the group's watermark (5) stays in its bucket.
+    let js = async_nats::jetstream::new(async_nats::connect(server.as_str()).await.unwrap());
+    js.delete_stream(topology::stream_name(&topic)).await.unwrap();
+    admin::create_topics(&config, &[(&topic, 1)]).await.unwrap();
+    let after = Arc::new(OrderChecker::new());
+    publish_load(&NatsPublisher::new(&config, &topic), &after, "new-k", 1, 5)
+        .await
+        .unwrap();
+    consume_all(&config, &after).await;
+    let report = after.report();
+    assert!(report.is_clean(), "{report:#?}");
+    assert_eq!(report.finished, 5, "sequences 1…5 of the new stream were handled");
+    assert_eq!(admin::committed(&config, &topic).await.unwrap(), [(0, 5)]);
+    admin::delete_topic(&config, &topic, &[&config.dlq_topic()])
+        .await
+        .unwrap();
+}
