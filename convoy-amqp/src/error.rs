@@ -25,6 +25,20 @@ pub enum TopologyError {
         /// The broker's words.
         server: String,
     },
+    /// The topic exists with another partition count than configured.
+    #[error(
+        "topic {topic} was declared with another partition count than the {partitions} configured \
+         here ({server}): every member and publisher of a topic must agree on it — set partitions \
+         to the count the topic was declared with"
+    )]
+    Partitions {
+        /// The topic.
+        topic: String,
+        /// The count configured here.
+        partitions: u32,
+        /// The broker's words (they name the declared count).
+        server: String,
+    },
     /// Any other broker or connection error.
     #[error("{0}")]
     Broker(lapin::Error),
@@ -33,7 +47,9 @@ pub enum TopologyError {
 impl From<TopologyError> for TransportError {
     fn from(e: TopologyError) -> Self {
         match e {
-            TopologyError::Mismatch { .. } => TransportError::Fatal(e.to_string()),
+            TopologyError::Mismatch { .. } | TopologyError::Partitions { .. } => {
+                TransportError::Fatal(e.to_string())
+            }
             TopologyError::Broker(e) => broker("declaring the topology", e),
         }
     }

@@ -122,8 +122,9 @@ impl AmqpPublisher {
         &self.target
     }
 
-    /// The open confirm channel, opened (and, for a stream, declared) on first use or after a
-    /// connection loss.
+    /// The open confirm channel, opened (and the stream, or the topic's exchange with its
+    /// partition count, declared: a topic declared with another count is refused here) on first
+    /// use or after a connection loss.
     async fn channel(&self, open: &mut Option<(Connection, Channel)>) -> Result<Channel, TransportError> {
         if let Some((connection, channel)) = open.as_ref() {
             if connection.status().connected() && channel.status().connected() {
@@ -133,6 +134,15 @@ impl AmqpPublisher {
         let connection = connect(&self.config, "publish").await?;
         if matches!(self.route, Route::Queue) {
             topology::declare_stream(&connection, &self.target).await?;
+        }
+        if let Route::Topic { partitions } = self.route {
+            // On a channel of its own: a refusal closes it.
+            let check = connection
+                .create_channel()
+                .await
+                .map_err(|e| broker("opening a channel", e))?;
+            topology::declare_exchange(&check, &self.target, partitions).await?;
+            let _ = check.close(200, "declared".into()).await;
         }
         let channel = connection
             .create_channel()

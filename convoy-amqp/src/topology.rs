@@ -1,6 +1,12 @@
 //! What a topic is on RabbitMQ, and declaring it.
 //!
-//! A topic `T` is a durable direct exchange `T`. Each consumer group `G` has `N` partition
+//! A topic `T` is a durable direct exchange `T`, and its partition count is part of its
+//! identity: it is recorded as the `x-max-length` of an empty marker queue
+//! `convoy.topic.T.partitions` (never bound, so nothing is ever in it) — RabbitMQ compares that
+//! argument when a queue is declared again (it ignores unknown exchange arguments), so a member or
+//! publisher configured with another count is refused by the broker, naming both counts,
+//! instead of placing keys on partitions nobody reads or declaring queues of its own. Each
+//! consumer group `G` has `N` partition
 //! queues `T.G.p0 … T.G.p{N-1}` bound to it with routing keys `0 … N-1`: quorum queues with
 //! `x-single-active-consumer` (the broker never delivers one queue to two consumers at once).
 //! Groups consume independently, as on Kafka; a group receives what was published once its
@@ -40,6 +46,51 @@ pub fn extra_token(group: &str, j: u32) -> String {
 /// The routing key of partition `p`.
 pub fn routing_key(p: u32) -> String {
     p.to_string()
+}
+
+/// The empty queue whose `x-max-length` records topic `topic`'s partition count.
+pub fn partitions_marker(topic: &str) -> String {
+    format!("convoy.topic.{topic}.partitions")
+}
+
+/// Declares topic `topic`'s exchange and its partition count (on `channel`, which a refusal
+/// closes).
+pub async fn declare_exchange(channel: &Channel, topic: &str, partitions: u32) -> Result<(), TopologyError> {
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    channel
+        .exchange_declare(topic.into(), ExchangeKind::Direct, durable, FieldTable::default())
+        .await
+        .map_err(|e| match amqp_error(&e) {
+            Some((406, text)) => TopologyError::Mismatch {
+                queue: format!("exchange {topic}"),
+                server: text.to_owned(),
+            },
+            _ => TopologyError::Broker(e),
+        })?;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-max-length".into(),
+        AMQPValue::LongLongInt(i64::from(partitions)),
+    );
+    channel
+        .queue_declare(
+            partitions_marker(topic).as_str().into(),
+            QueueDeclareOptions::durable(),
+            args,
+        )
+        .await
+        .map_err(|e| match amqp_error(&e) {
+            Some((406, text)) => TopologyError::Partitions {
+                topic: topic.to_owned(),
+                partitions,
+                server: text.to_owned(),
+            },
+            _ => TopologyError::Broker(e),
+        })?;
+    Ok(())
 }
 
 /// Arguments of a partition queue.
@@ -100,20 +151,7 @@ pub async fn declare_topic(
     partitions: u32,
 ) -> Result<(), TopologyError> {
     on_own_channel(conn, |channel| async move {
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        channel
-            .exchange_declare(topic.into(), ExchangeKind::Direct, durable, FieldTable::default())
-            .await
-            .map_err(|e| match amqp_error(&e) {
-                Some((406, text)) => TopologyError::Mismatch {
-                    queue: format!("exchange {topic}"),
-                    server: text.to_owned(),
-                },
-                _ => TopologyError::Broker(e),
-            })?;
+        declare_exchange(&channel, topic, partitions).await?;
         for p in 0..partitions {
             let queue = partition_queue(topic, group, p);
             declare_queue(&channel, &queue, QueueDeclareOptions::durable(), partition_args()).await?;
@@ -188,6 +226,7 @@ pub async fn delete_topic(
         for p in 0..partitions {
             delete_queue(&channel, &partition_queue(topic, group, p)).await?;
         }
+        delete_queue(&channel, &partitions_marker(topic)).await?;
         channel
             .exchange_delete(topic.into(), lapin::options::ExchangeDeleteOptions::default())
             .await
@@ -207,5 +246,6 @@ mod tests {
         assert_eq!(members_queue("billing"), "convoy.billing.members");
         assert_eq!(extra_token("billing", 0), "convoy.billing.extra.0");
         assert_eq!(routing_key(7), "7");
+        assert_eq!(partitions_marker("orders"), "convoy.topic.orders.partitions");
     }
 }

@@ -199,7 +199,7 @@ impl KafkaCluster {
         let mut cluster_id: Option<String> = None;
         for (i, (client, controller)) in ports.iter().enumerate() {
             let id = i as u32 + 1;
-            let dir = fresh_dir(&format!("kafka-n{id}"))?;
+            let dir = fresh_dir(&format!("kafka-{}", super::unique(&format!("n{id}"))))?;
             std::fs::create_dir_all(dir.join("logs"))
                 .map_err(|e| NodeError::failed("creating the node's log directory", e))?;
             let properties = format!(

@@ -41,9 +41,17 @@ impl NodeError {
     }
 }
 
-/// A fresh, empty directory for a node, removed by [`remove_dir`].
+/// A name no other node of this process has: `<name>-<pid>-<n>` (tests of one binary run
+/// side by side, each with private nodes of its own).
+pub(crate) fn unique(name: &str) -> String {
+    static NODES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NODES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{name}-{}-{n}", std::process::id())
+}
+
+/// A fresh, empty directory for a node named by [`unique`], removed by [`remove_dir`].
 pub(crate) fn fresh_dir(name: &str) -> Result<PathBuf, NodeError> {
-    let dir = std::env::temp_dir().join(format!("convoy-{name}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("convoy-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| NodeError::failed(format!("creating {}", dir.display()), e))?;
     Ok(dir)

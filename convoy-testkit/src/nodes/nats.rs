@@ -48,7 +48,7 @@ impl NatsServer {
             free_port().map_err(|e| NodeError::failed(format!("finding a free port for {what}"), e))
         };
         Ok(NatsServer {
-            dir: fresh_dir(&format!("nats-{name}"))?,
+            dir: fresh_dir(&format!("nats-{}", super::unique(name)))?,
             name: name.to_owned(),
             port: port("a nats-server")?,
             monitor_port: port("its monitoring")?,

@@ -32,13 +32,14 @@ impl RabbitNode {
         let port = |what: &str| {
             free_port().map_err(|e| NodeError::failed(format!("finding a free port for {what}"), e))
         };
-        let dir = fresh_dir(&format!("rabbit-{label}"))?;
+        let unique = super::unique(label);
+        let dir = fresh_dir(&format!("rabbit-{unique}"))?;
         for sub in ["mnesia", "log"] {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(|e| NodeError::failed("creating the node's directories", e))?;
         }
         let node = RabbitNode {
-            name: format!("convoy{}{label}@localhost", std::process::id()),
+            name: format!("convoy{}@localhost", unique.replace('-', "")),
             port: port("AMQP")?,
             dist_port: port("Erlang distribution")?,
             dir,
