@@ -1,8 +1,9 @@
 //! What a topic is on RabbitMQ, and declaring it.
 //!
 //! A topic `T` is a durable direct exchange `T`, and its partition count is part of its
-//! identity: it is recorded as the `x-max-length` of an empty marker queue
-//! `convoy.topic.T.partitions` (never bound, so nothing is ever in it) — RabbitMQ compares that
+//! identity: it is recorded as the `x-max-length` of an empty quorum queue
+//! `convoy.topic.T.partitions` (never bound, so nothing is ever in it; replicated, so a cluster
+//! losing a node keeps it) — RabbitMQ compares that
 //! argument when a queue is declared again (it ignores unknown exchange arguments), so a member or
 //! publisher configured with another count is refused by the broker, naming both counts,
 //! instead of placing keys on partitions nobody reads or declaring queues of its own. Each
@@ -70,7 +71,10 @@ pub async fn declare_exchange(channel: &Channel, topic: &str, partitions: u32) -
             },
             _ => TopologyError::Broker(e),
         })?;
+    // A quorum queue, like the partition queues, so the marker outlives the node it was
+    // declared on (a classic queue whose node is down refuses every declare on a cluster).
     let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
     args.insert(
         "x-max-length".into(),
         AMQPValue::LongLongInt(i64::from(partitions)),

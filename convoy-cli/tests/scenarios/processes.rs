@@ -11,7 +11,8 @@ use convoy_testkit::probe::publish_load;
 use convoy_testkit::OrderChecker;
 
 /// A `convoy consume` process appending to a log; SIGKILLed when dropped. What it writes to
-/// stderr goes to a file beside the log (shown when it fails to leave).
+/// stderr goes to a file beside the log (shown when it fails to leave; kept when
+/// `CONVOY_KEEP_LOGS` is set, with `RUST_LOG` passed on, for a failure to read).
 pub struct Member(pub Child, PathBuf);
 
 impl Member {
@@ -66,7 +67,9 @@ impl Drop for Member {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-        let _ = std::fs::remove_file(&self.1);
+        if std::env::var_os("CONVOY_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_file(&self.1);
+        }
     }
 }
 
