@@ -52,7 +52,9 @@ pub struct AmqpConfig {
     /// from the engine's prefetch limit divided over the partitions.
     #[serde(default)]
     pub prefetch: Option<u16>,
-    /// Heartbeat in seconds: a silent peer is noticed after about twice this.
+    /// Heartbeat timeout in seconds: the broker drops a silent connection one to two of these
+    /// after its last frame, and a member's lease on its partitions lasts two thirds of it past
+    /// each renewal (every fifth of it), so a cut-off member stops first.
     #[serde(default = "default_heartbeat_s")]
     pub heartbeat_s: u16,
     /// Connection name shown by the broker (`rabbitmqctl list_connections`).

@@ -21,6 +21,7 @@ async fn partitions_spread_over_the_members_within_one_of_their_share() {
         eprintln!("skipped: {} is not set", common::URI_VAR);
         return;
     };
+    common::init_tracing();
     let bed = common::AmqpBed::new(&uri, 8).await;
     let transport = AmqpTransport::new(bed.config.clone()).unwrap();
     partitions_spread_within_one_of_their_share(&bed, &transport).await;

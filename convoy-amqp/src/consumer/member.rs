@@ -16,12 +16,16 @@
 //!   channel — its unacknowledged messages return to the head of the queue, in order — and only
 //!   then drops its consumer and deletes the lock. The next owner takes the lock and receives
 //!   the partition from the watermark on, before anything newer.
+//! - **Fence**: every assignment carries the connection's lease (`lease`), which ends before
+//!   the broker can consider the connection dead, and at once on a connection error or a stalled
+//!   renewal: a member cut off without a close, or frozen, starts nothing more of its
+//!   partitions before anyone else may have them.
 //! - **Failure modes**: a member that dies is noticed by the broker when its connection closes,
-//!   or after about two heartbeats for a silent network loss; until then its locks hold, so
-//!   nobody else reads its partitions. A member that loses its connection reports all its
-//!   partitions `Lost` (its acks cannot reach the broker), reconnects with backoff, declares
-//!   again and rejoins. As with Kafka's session expiry, a member cut off from the broker may
-//!   still be finishing handlers when the broker hands its partitions on.
+//!   or after one to two heartbeat timeouts for a silent network loss; until then its locks
+//!   hold, so nobody else reads its partitions. A member that loses its connection or its lease
+//!   reports all its partitions `Lost` (its acks cannot reach the broker), reconnects with
+//!   backoff, declares again and rejoins. As with Kafka's session expiry, a handler already
+//!   running when the lease ended may still finish after the broker handed its partition on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -36,6 +40,7 @@ use lapin::{Channel, Connection, Consumer};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::lease::ConnectionLease;
 use super::partition::{Ended, PartitionParts, PartitionTask};
 use super::{Owned, Shared};
 use crate::connect::connect;
@@ -75,6 +80,8 @@ enum Outcome {
 pub(super) struct Session {
     shared: Arc<Shared>,
     connection: Connection,
+    /// Until when this member may start work on what it holds through `connection`.
+    lease: ConnectionLease,
     utility: Channel,
     /// Kept open: its consumer counts this member.
     _members: (Channel, Consumer),
@@ -103,6 +110,7 @@ impl Session {
     pub async fn open(shared: Arc<Shared>) -> Result<Session, TransportError> {
         let config = &shared.config;
         let connection = connect(config, "consume").await?;
+        let lease = ConnectionLease::hold(&connection, config.heartbeat_s).await?;
         for topic in &config.topics {
             topology::declare_topic(&connection, topic, &config.group, config.partitions).await?;
         }
@@ -140,6 +148,7 @@ impl Session {
         Ok(Session {
             shared,
             connection,
+            lease,
             utility,
             _members: (members, consumer),
             me: fastrand::u64(..),
@@ -168,6 +177,7 @@ impl Session {
             }
             tokio::select! {
                 _ = self.shared.departure.asked() => {}
+                why = self.lease.lost() => return Outcome::Lost(why),
                 Some(source) = self.ended_rx.recv() => {
                     if !self.connected() {
                         return Outcome::Lost("the connection was lost".into());
@@ -310,7 +320,8 @@ impl Session {
         // its offsets no positions (no event id is derived from them), its commits marked.
         let assignment = Assignment::new(source.clone(), None)
             .with_delivery_offsets()
-            .with_token(token);
+            .with_token(token)
+            .with_lease(self.lease.lease());
         let _ = self
             .shared
             .events
@@ -420,6 +431,11 @@ impl Session {
         self.shared.owned().clear();
         if !lost.is_empty() {
             let _ = self.shared.events.control(SourceEvent::Lost(lost));
+        }
+        // A connection that outlived its lease (a stall) still holds locks: close it, so the
+        // broker frees them and returns the unacknowledged messages now.
+        if self.connected() {
+            crate::connect::close(&self.connection, "the member's lease ran out").await;
         }
     }
 

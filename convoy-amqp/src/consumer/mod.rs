@@ -13,6 +13,7 @@
 //! the channel (never a cancel: under single active consumer a cancel hands the queue over).
 
 mod control;
+mod lease;
 mod member;
 mod partition;
 

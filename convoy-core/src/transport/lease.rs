@@ -6,7 +6,7 @@
 //! never handles another message of a partition another member may own by now, even if its
 //! tasks wake up in any order. Expiry is final — a lease that ran out is never extended again;
 //! the transport reports the source lost and assigns it anew, with a new lease, if it wins it
-//! back.
+//! back. Validity is counted on a [`Mark`]: time the host spent suspended counts as well.
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -14,12 +14,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::clock::Mark;
+
 /// A source's lease; clones share it. The transport extends it on every renewal.
 #[derive(Clone, Debug)]
 pub struct Lease(Arc<Inner>);
 
 #[derive(Debug)]
 struct Inner {
+    /// When the lease was made, on both clocks (`valid_until` is on the runtime's).
+    mark: Mark,
     base: Instant,
     /// Valid until `base` plus this many nanoseconds.
     until: AtomicU64,
@@ -28,8 +32,9 @@ struct Inner {
 impl Lease {
     /// A lease valid until `until`.
     pub fn new(until: Instant) -> Self {
-        let base = Instant::now();
+        let (mark, base) = (Mark::now(), Instant::now());
         Lease(Arc::new(Inner {
+            mark,
             base,
             until: AtomicU64::new(nanos(until.saturating_duration_since(base))),
         }))
@@ -63,7 +68,7 @@ impl Lease {
     }
 
     fn elapsed(&self) -> u64 {
-        nanos(self.0.base.elapsed())
+        nanos(self.0.mark.elapsed())
     }
 }
 

@@ -26,6 +26,7 @@ use async_trait::async_trait;
 use crate::message::{Offset, OutgoingMessage, SourceId};
 
 mod batches;
+pub mod clock;
 mod departure;
 mod events;
 mod lease;

@@ -9,6 +9,9 @@
 //! after it *stored* that write, later still, so this member always stops before anyone else
 //! can take the key. Past that point the lease is reported lost and never renewed again — a
 //! partition's straight to the engine (`Lost`), whatever the member task is waiting for.
+//! Validity counts suspended time too ([`convoy_core::transport::clock`]), and a renewal far
+//! later than due gives every lease up. What remains assumed: the server's clock does not step
+//! forward by more than a third of `ttl` (that would expire a lease before this member stops).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,6 +19,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Store, UpdateErrorKind};
 use bytes::Bytes;
+use convoy_core::transport::clock::{Renewals, Tick};
 use convoy_core::transport::EventSender;
 use convoy_core::{Lease, SourceEvent, SourceId, TransportError};
 use tokio::sync::mpsc;
@@ -138,6 +142,13 @@ impl Leases {
         let _ = self.lost.send(key.to_owned());
     }
 
+    /// Ends every lease here now; they stay listed for `give_up` or `release`.
+    fn expire_all(&self) {
+        for held in self.held().values() {
+            held.lease.expire();
+        }
+    }
+
     /// Every key held (the member's leave releases them all).
     pub fn keys(&self) -> Vec<String> {
         self.held().keys().cloned().collect()
@@ -203,12 +214,22 @@ impl Leases {
     }
 }
 
-/// Renews `leases` until the receiver of its lost keys is gone (the member ended).
+/// Renews `leases` until the receiver of its lost keys is gone (the member ended). A renewal
+/// that comes later than a third of the lifetime after it was due (the process frozen, the host
+/// suspended) gives every lease up first: the server may have expired them meanwhile.
 pub(super) async fn keep(leases: Arc<Leases>) {
-    let mut tick = tokio::time::interval(leases.renew_every());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut renewals = Renewals::new(leases.renew_every(), leases.ttl / 3);
     while !leases.lost.is_closed() {
-        tick.tick().await;
+        if let Tick::Late(gap) = renewals.tick().await {
+            tracing::warn!(
+                ?gap,
+                "lease renewals stalled (a frozen process or a suspended host): every lease is lost"
+            );
+            leases.expire_all(); // at once, before the deletes' round trips
+            for key in leases.keys() {
+                leases.give_up(&key).await;
+            }
+        }
         leases.renew_all().await;
     }
 }
