@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use convoy_core::config::{has_unescaped_password, redact_userinfo, UNESCAPED_PASSWORD};
 use convoy_core::ConfigError;
 use lapin::uri::AMQPUri;
 use serde::Deserialize;
@@ -89,19 +90,9 @@ impl fmt::Debug for AmqpConfig {
     }
 }
 
-/// The URI with its password replaced by `<redacted>`.
+/// The URI with its password replaced by `<redacted>` (see [`redact_userinfo`]).
 pub fn redact_uri(uri: &str) -> String {
-    let Some((scheme, rest)) = uri.split_once("://") else {
-        return uri.to_owned();
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}{path}"),
-            None => uri.to_owned(),
-        },
-        None => uri.to_owned(),
-    }
+    redact_userinfo(uri)
 }
 
 /// Longest AMQP queue or exchange name.
@@ -158,6 +149,9 @@ impl AmqpConfig {
             .uri
             .split_once("://")
             .ok_or_else(|| bad("expected amqp://… or amqps://…".into()))?;
+        if has_unescaped_password(&self.uri) {
+            return Err(bad(UNESCAPED_PASSWORD.into()));
+        }
         let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
         let (userinfo, hosts) = match authority.rsplit_once('@') {
             Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
@@ -301,6 +295,10 @@ mod tests {
             (Box::new(|c| c.partitions = 0), "partitions"),
             (Box::new(|c| c.prefetch = Some(0)), "prefetch"),
             (Box::new(|c| c.heartbeat_s = 0), "heartbeat"),
+            (
+                Box::new(|c| c.uri = "amqp://u:pa/ss@127.0.0.1:5672/%2f".into()),
+                "uri",
+            ),
             (Box::new(|c| c.revoke_timeout_ms = 10), "revoke_timeout_ms"),
         ];
         for (change, field) in cases {

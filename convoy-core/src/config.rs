@@ -47,6 +47,58 @@ pub fn redacted<'a>(settings: impl IntoIterator<Item = (&'a String, &'a String)>
         .collect()
 }
 
+/// `scheme://user:password@host…` with the password replaced by `<redacted>` (a NATS token
+/// alone, `nats://token@host`, too), for every broker's URLs in logs, errors and `Debug`.
+///
+/// The password is what a URL parser takes for one: the userinfo before the last `@` of the
+/// authority (which ends at the first `/`, `?` or `#`). A password with an unescaped `/` or `?`
+/// ends the authority early, so the parser finds no password at all (it then refuses the URL,
+/// or reads `user:pass` as a host and port) — but the secret is still in the text: then
+/// everything from the first `:` after the user to the next `@` is redacted, conservatively.
+pub fn redact_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    if let Some((userinfo, host)) = authority.rsplit_once('@') {
+        return match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}{tail}"),
+            None if scheme.eq_ignore_ascii_case("nats") => format!("{scheme}://<redacted>@{host}{tail}"),
+            None => url.to_owned(),
+        };
+    }
+    match unescaped_password(rest) {
+        Some((user, after)) => format!("{scheme}://{user}:<redacted>@{after}"),
+        None => url.to_owned(),
+    }
+}
+
+/// Why a URL with [`has_unescaped_password`] is refused, for every broker's configuration.
+pub const UNESCAPED_PASSWORD: &str =
+    "the password holds an unescaped '/', '?' or '#', which ends the address early: percent-encode them (%2F, %3F, %23)";
+
+/// True when `url`'s password holds an unescaped `/`, `?` or `#`, which ends the authority
+/// early: no parser reads the intended password, and a URL like that is refused at startup
+/// (percent-encode them: `%2F`, `%3F`, `%23`).
+pub fn has_unescaped_password(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(_, rest)| {
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        !rest[..end].contains('@') && unescaped_password(rest).is_some()
+    })
+}
+
+/// In an address whose authority holds no `@`: `user:` followed, past a `/`, `?` or `#`, by
+/// `…@` — a password that an unescaped character cut short. The user and what follows the `@`.
+fn unescaped_password(rest: &str) -> Option<(&str, &str)> {
+    let user_end = rest.find([':', '/', '?', '#', '@']).unwrap_or(rest.len());
+    if !rest[user_end..].starts_with(':') {
+        return None;
+    }
+    let at = rest[user_end..].find('@')?;
+    Some((&rest[..user_end], &rest[user_end + at + 1..]))
+}
+
 /// What happens to messages without a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KeylessPolicy {
@@ -277,6 +329,52 @@ impl EngineConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_is_redacted_in_every_form() {
+        let cases = [
+            (
+                "amqp://app:s3cret@127.0.0.1:5672/%2f",
+                "amqp://app:<redacted>@127.0.0.1:5672/%2f",
+            ),
+            // An `@` in the password: the authority's last `@` ends the userinfo.
+            ("amqp://app:s3@cret@h:5672/v", "amqp://app:<redacted>@h:5672/v"),
+            // Unescaped `/` and `?`: no parser reads a password here, but it is still in the text.
+            (
+                "amqp://app:pa/ss@h:5672/%2f?topics=t",
+                "amqp://app:<redacted>@h:5672/%2f?topics=t",
+            ),
+            (
+                "amqp://app:pa?ss@h:5672/%2f?topics=t",
+                "amqp://app:<redacted>@h:5672/%2f?topics=t",
+            ),
+            (
+                "nats://u:a/b?c@127.0.0.1:4222",
+                "nats://u:<redacted>@127.0.0.1:4222",
+            ),
+            (
+                "nats://s3cret@127.0.0.1:4222?topics=t",
+                "nats://<redacted>@127.0.0.1:4222?topics=t",
+            ),
+            // Nothing secret: left alone.
+            (
+                "amqp://127.0.0.1:5672/%2f?topics=t",
+                "amqp://127.0.0.1:5672/%2f?topics=t",
+            ),
+            (
+                "kafka://127.0.0.1:9092?topics=t",
+                "kafka://127.0.0.1:9092?topics=t",
+            ),
+        ];
+        assert!(has_unescaped_password("amqp://app:pa/ss@h:5672/%2f"));
+        assert!(has_unescaped_password("nats://u:a?b@h:4222"));
+        assert!(!has_unescaped_password("amqp://app:pa%2Fss@h:5672/%2f"));
+        assert!(!has_unescaped_password("amqp://app:s3@cret@h:5672/v"));
+        for (url, shown) in cases {
+            assert_eq!(redact_userinfo(url), shown, "{url}");
+            assert!(!redact_userinfo(url).contains("ss@"), "{url}");
+        }
+    }
 
     #[test]
     fn default_config_is_valid() {

@@ -1,6 +1,7 @@
 //! NATS configuration: a serde struct validated at startup, with errors that name the field.
 //! Tokens, passwords and nkey seeds never appear in `Debug` output or logs.
 
+use convoy_core::config::{has_unescaped_password, redact_userinfo, UNESCAPED_PASSWORD};
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -137,7 +138,14 @@ fn secret(value: &Option<String>) -> Option<&'static str> {
 impl fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsConfig")
-            .field("servers", &self.servers)
+            .field(
+                "servers",
+                &self
+                    .servers
+                    .iter()
+                    .map(|s| redact_userinfo(s))
+                    .collect::<Vec<_>>(),
+            )
             .field("group", &self.group)
             .field("topics", &self.topics)
             .field("dlq_topic", &self.dlq_topic)
@@ -255,9 +263,16 @@ impl NatsConfig {
             ));
         }
         for server in &self.servers {
+            let shown = redact_userinfo(server);
+            if has_unescaped_password(server) {
+                return Err(ConfigError::invalid(
+                    "servers",
+                    format!("{shown:?}: {UNESCAPED_PASSWORD}"),
+                ));
+            }
             server
                 .parse::<async_nats::ServerAddr>()
-                .map_err(|e| ConfigError::invalid("servers", format!("{server:?}: {e}")))?;
+                .map_err(|e| ConfigError::invalid("servers", format!("{shown:?}: {e}")))?;
         }
         if self.group.trim().is_empty() {
             return Err(ConfigError::invalid("group", "must not be empty"));
@@ -408,6 +423,10 @@ mod tests {
     fn bad_fields_are_named() {
         let cases: Vec<(Breaker, &str)> = vec![
             (Box::new(|c| c.servers.clear()), "servers"),
+            (
+                Box::new(|c| c.servers = vec!["nats://u:pa?ss@127.0.0.1:4222".into()]),
+                "servers",
+            ),
             (Box::new(|c| c.group = " ".into()), "group"),
             (Box::new(|c| c.topics = vec!["a b".into()]), "topics"),
             (Box::new(|c| c.topics = vec!["orders.".into()]), "topics"),

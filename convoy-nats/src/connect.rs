@@ -5,6 +5,7 @@
 //! more up to a second, and requests made meanwhile wait for it within their timeouts.
 //! async-nats ignores credentials written in a server URL, so they come from the config only.
 
+use convoy_core::config::redact_userinfo;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, Context};
@@ -36,7 +37,7 @@ pub async fn connect(config: &NatsConfig, purpose: &str) -> Result<Connected, Tr
         .iter()
         .map(|s| {
             s.parse::<ServerAddr>()
-                .map_err(|e| TransportError::Fatal(format!("server address {s:?}: {e}")))
+                .map_err(|e| TransportError::Fatal(format!("server address {:?}: {e}", redact_userinfo(s))))
         })
         .collect::<Result<_, _>>()?;
     let tls = config.tls_required || servers.iter().any(|s| s.tls_required());
@@ -110,7 +111,12 @@ async fn with_nkeys(options: ConnectOptions, _config: &NatsConfig) -> Result<Con
 
 fn connect_error(config: &NatsConfig, e: async_nats::ConnectError) -> TransportError {
     use async_nats::ConnectErrorKind;
-    let servers = config.servers.join(",");
+    let servers = config
+        .servers
+        .iter()
+        .map(|s| redact_userinfo(s))
+        .collect::<Vec<_>>()
+        .join(",");
     match e.kind() {
         ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => TransportError::Fatal(
             format!("connecting to NATS at {servers}: {e}; check token, user/password or credentials"),

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use convoy_core::config::{is_secret, redacted};
+use convoy_core::config::{has_unescaped_password, is_secret, redact_userinfo, redacted, UNESCAPED_PASSWORD};
 use convoy_core::ConfigError;
 use serde::Deserialize;
 
@@ -77,24 +77,6 @@ pub fn redact_url(url: &str) -> String {
         })
         .collect();
     format!("{base}?{}", params.join("&"))
-}
-
-/// `scheme://user:password@host…` → `scheme://user:<redacted>@host…`.
-fn redact_userinfo(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}{tail}"),
-            // A NATS token alone.
-            None if scheme.eq_ignore_ascii_case("nats") => format!("{scheme}://<redacted>@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
 }
 
 impl ConnectConfig {
@@ -252,6 +234,9 @@ impl Endpoint {
         if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || c == '+') {
             return Err(bad("the scheme must be letters, e.g. kafka"));
         }
+        if has_unescaped_password(url) {
+            return Err(bad(UNESCAPED_PASSWORD));
+        }
         let (address, query) = rest.split_once('?').unwrap_or((rest, ""));
         if address.contains('@') && !CREDENTIALS_IN_ADDRESS.contains(&scheme.to_ascii_lowercase().as_str()) {
             return Err(bad(
@@ -362,6 +347,21 @@ mod tests {
         assert!(!format!("{e:?}").contains("s3cret"));
         let shown = redact_url("amqp://app:s3cret@127.0.0.1:5672/%2f?topics=t");
         assert_eq!(shown, "amqp://app:<redacted>@127.0.0.1:5672/%2f?topics=t");
+        // A password with an unescaped `/` or `?` (issue 25): still never printed.
+        for url in [
+            "amqp://app:s3/cret@127.0.0.1:5672/%2f?topics=t",
+            "amqp://app:s3?cret@127.0.0.1:5672/%2f?topics=t",
+        ] {
+            assert_eq!(
+                redact_url(url),
+                "amqp://app:<redacted>@127.0.0.1:5672/%2f?topics=t"
+            );
+            let refused = Endpoint::parse(url).unwrap_err().to_string();
+            assert!(
+                refused.contains("percent-encode") && !refused.contains("cret"),
+                "{refused}"
+            );
+        }
     }
 
     #[test]
