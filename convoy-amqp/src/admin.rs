@@ -28,7 +28,7 @@ pub async fn create_topics(config: &AmqpConfig, topics: &[(&str, u32)]) -> Resul
     let connection = connect(config, "admin").await?;
     let result = async {
         for (topic, partitions) in topics {
-            topology::declare_topic(&connection, topic, &config.group, *partitions).await?;
+            topology::declare_topic(&connection, topic, config, *partitions).await?;
         }
         Ok::<(), TransportError>(())
     }

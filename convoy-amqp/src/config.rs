@@ -17,6 +17,10 @@ fn default_heartbeat_s() -> u16 {
     10
 }
 
+fn default_delivery_limit() -> u32 {
+    1_000
+}
+
 fn default_revoke_timeout_ms() -> u64 {
     60_000
 }
@@ -58,6 +62,14 @@ pub struct AmqpConfig {
     /// each renewal (every fifth of it), so a cut-off member stops first.
     #[serde(default = "default_heartbeat_s")]
     pub heartbeat_s: u16,
+    /// Redeliveries of one message by a partition queue (`x-delivery-limit`) before the broker
+    /// dead-letters it to the dead-letter stream (with its `x-death` header, reason
+    /// `delivery_limit`) instead of delivering it again. convoy retries inside the lane, so a
+    /// message is delivered again only when its member crashed, lost its connection or handed
+    /// the partition over while it was in hand; RabbitMQ 4 would otherwise apply its default of
+    /// 20 and drop what exceeds it.
+    #[serde(default = "default_delivery_limit")]
+    pub delivery_limit: u32,
     /// Connection name shown by the broker (`rabbitmqctl list_connections`).
     #[serde(default)]
     pub connection_name: Option<String>,
@@ -82,6 +94,7 @@ impl fmt::Debug for AmqpConfig {
             .field("partitions", &self.partitions)
             .field("prefetch", &self.prefetch)
             .field("heartbeat_s", &self.heartbeat_s)
+            .field("delivery_limit", &self.delivery_limit)
             .field("connection_name", &self.connection_name)
             .field("revoke_timeout_ms", &self.revoke_timeout_ms)
             .field("balance_interval_ms", &self.balance_interval_ms)
@@ -109,6 +122,7 @@ impl AmqpConfig {
             partitions: default_partitions(),
             prefetch: None,
             heartbeat_s: default_heartbeat_s(),
+            delivery_limit: default_delivery_limit(),
             connection_name: None,
             revoke_timeout_ms: default_revoke_timeout_ms(),
             balance_interval_ms: default_balance_interval_ms(),
@@ -127,6 +141,7 @@ impl AmqpConfig {
         match name {
             "prefetch" => self.prefetch = Some(number(name, value)?),
             "heartbeat" | "heartbeat_s" => self.heartbeat_s = number(name, value)?,
+            "delivery_limit" => self.delivery_limit = number(name, value)?,
             "connection_name" => self.connection_name = Some(value.to_owned()),
             "revoke_timeout_ms" => self.revoke_timeout_ms = number(name, value)?,
             "balance_interval_ms" => self.balance_interval_ms = number(name, value)?,
@@ -134,7 +149,7 @@ impl AmqpConfig {
             other => {
                 return Err(ConfigError::invalid(
                     other,
-                    "unknown RabbitMQ setting: use prefetch, heartbeat, connection_name, \
+                    "unknown RabbitMQ setting: use prefetch, heartbeat, delivery_limit, connection_name, \
                      revoke_timeout_ms, balance_interval_ms or connect_timeout_ms",
                 ))
             }
@@ -212,6 +227,12 @@ impl AmqpConfig {
             return Err(ConfigError::invalid(
                 "heartbeat",
                 "must be ≥ 1 second: without heartbeats a silent network loss is never noticed",
+            ));
+        }
+        if self.delivery_limit == 0 {
+            return Err(ConfigError::invalid(
+                "delivery_limit",
+                "must be ≥ 1 (each message is delivered at least once)",
             ));
         }
         if self.revoke_timeout_ms < 1_000 {
@@ -295,6 +316,7 @@ mod tests {
             (Box::new(|c| c.partitions = 0), "partitions"),
             (Box::new(|c| c.prefetch = Some(0)), "prefetch"),
             (Box::new(|c| c.heartbeat_s = 0), "heartbeat"),
+            (Box::new(|c| c.delivery_limit = 0), "delivery_limit"),
             (
                 Box::new(|c| c.uri = "amqp://u:pa/ss@127.0.0.1:5672/%2f".into()),
                 "uri",

@@ -18,6 +18,7 @@
 //! members (each consumes it). Every declare is idempotent; one with other arguments than an
 //! existing queue's is a clear error naming the queue and what differs, never a fallback.
 
+use crate::config::AmqpConfig;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
@@ -97,11 +98,31 @@ pub async fn declare_exchange(channel: &Channel, topic: &str, partitions: u32) -
     Ok(())
 }
 
-/// Arguments of a partition queue.
-pub fn partition_args() -> FieldTable {
+/// Arguments of a partition queue: a quorum queue with single active consumer that delivers a
+/// message once and again at most `delivery_limit` times, then dead-letters it — at least once — to the stream
+/// `dead_letters` (through the default exchange, which routes by queue name).
+pub fn partition_args(delivery_limit: u32, dead_letters: &str) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
     args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    args.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongLongInt(i64::from(delivery_limit)),
+    );
+    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString(dead_letters.into()),
+    );
+    // At-least-once dead-lettering needs the reject-publish overflow (no length limit is set).
+    args.insert(
+        "x-dead-letter-strategy".into(),
+        AMQPValue::LongString("at-least-once".into()),
+    );
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
     args
 }
 
@@ -147,18 +168,29 @@ async fn declare_queue(
     Ok((queue.message_count(), queue.consumer_count()))
 }
 
-/// Declares topic `topic` for `group`: the exchange and the group's `partitions` queues, bound.
+/// Declares topic `topic` for `config.group`: the exchange, the dead-letter stream, and the
+/// group's `partitions` queues, bound.
 pub async fn declare_topic(
     conn: &Connection,
     topic: &str,
-    group: &str,
+    config: &AmqpConfig,
     partitions: u32,
 ) -> Result<(), TopologyError> {
+    let dead_letters = config.dlq_topic();
+    let args = partition_args(config.delivery_limit, &dead_letters);
     on_own_channel(conn, |channel| async move {
         declare_exchange(&channel, topic, partitions).await?;
+        // Before the queues that dead-letter to it: a message routed to a missing queue is dropped.
+        declare_queue(
+            &channel,
+            &dead_letters,
+            QueueDeclareOptions::durable(),
+            stream_args(),
+        )
+        .await?;
         for p in 0..partitions {
-            let queue = partition_queue(topic, group, p);
-            declare_queue(&channel, &queue, QueueDeclareOptions::durable(), partition_args()).await?;
+            let queue = partition_queue(topic, &config.group, p);
+            declare_queue(&channel, &queue, QueueDeclareOptions::durable(), args.clone()).await?;
             channel
                 .queue_bind(
                     queue.as_str().into(),
@@ -186,7 +218,11 @@ pub async fn declare_stream(conn: &Connection, name: &str) -> Result<(), Topolog
 
 /// Ready messages (not delivered, or returned) and consumers of a partition queue.
 pub async fn partition_depth(channel: &Channel, queue: &str) -> Result<(u32, u32), TopologyError> {
-    declare_queue(channel, queue, QueueDeclareOptions::durable(), partition_args()).await
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::durable()
+    };
+    declare_queue(channel, queue, passive, FieldTable::default()).await
 }
 
 /// Tries to take the exclusive lock queue `name`: false when another connection holds it.

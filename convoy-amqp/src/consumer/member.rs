@@ -112,7 +112,7 @@ impl Session {
         let connection = connect(config, "consume").await?;
         let lease = ConnectionLease::hold(&connection, config.heartbeat_s).await?;
         for topic in &config.topics {
-            topology::declare_topic(&connection, topic, &config.group, config.partitions).await?;
+            topology::declare_topic(&connection, topic, config, config.partitions).await?;
         }
         let members = connection
             .create_channel()
