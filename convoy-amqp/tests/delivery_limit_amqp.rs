@@ -66,7 +66,10 @@ async fn a_message_past_the_delivery_limit_is_dead_lettered_with_the_reason() {
         }
         let _ = channel.close(200, "a member died".into()).await;
     };
-    assert_eq!(deliveries, 3, "delivered once, and again as often as the limit allows");
+    assert_eq!(
+        deliveries, 3,
+        "delivered once, and again as often as the limit allows"
+    );
     assert_eq!(dead.len(), 1);
     assert_eq!(&dead[0].payload[..], b"the one");
     assert_eq!(
