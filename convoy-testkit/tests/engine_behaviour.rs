@@ -616,6 +616,59 @@ async fn keyless_messages_keep_their_source_order_or_run_unordered() {
     }
 }
 
+/// The watermark gauge shows log positions only (issue 25, item 10): an assignment whose
+/// offsets count deliveries (an AMQP channel's tags, starting again at 1 on every channel) gets
+/// none — it would jump backwards on every reconnect — while a log's source shows its own.
+#[tokio::test(start_paused = true)]
+async fn a_watermark_that_is_no_log_position_is_not_exported() {
+    use convoy_core::{Assignment, SourceEvent};
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let (_, bed) = bed(1);
+    let (script, subscription) = convoy_testkit::script::scripted(Some(Duration::from_secs(60)));
+    let mut config = test_config(bed.group());
+    config.commit_interval = Duration::from_millis(50);
+    let engine = Engine::builder(handler_fn(|_: Delivery| async { Ok::<(), HandlerError>(()) }))
+        .config(config)
+        .dead_letter_sink(bed.dead_letter_sink())
+        .build()
+        .unwrap()
+        .spawn(subscription);
+    let (tags, log) = (SourceId::new("queue/0"), SourceId::new("log/0"));
+    script.control(SourceEvent::Assigned(vec![
+        Assignment::new(tags.clone(), None).with_delivery_offsets(),
+        Assignment::new(log.clone(), None),
+    ]));
+    for source in [&tags, &log] {
+        let batch = (1..=3).map(|o| message(source, o, Some("k"), "x")).collect();
+        script.messages(source, batch).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(engine.stats().handled, 6);
+    let watermarks: std::collections::HashMap<String, f64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == "convoy_watermark")
+        .filter_map(|(key, _, _, value)| match value {
+            metrics_util::debugging::DebugValue::Gauge(g) => {
+                let source = key
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "source")?
+                    .value()
+                    .to_owned();
+                Some((source, g.into_inner()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(watermarks.get("log/0"), Some(&3.0), "{watermarks:?}");
+    assert!(!watermarks.contains_key("queue/0"), "{watermarks:?}");
+    engine.stop().await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn lag_and_paused_sources_are_reported_while_paused() {
     let recorder = metrics_util::debugging::DebuggingRecorder::new();

@@ -404,3 +404,42 @@ async fn nothing_of_a_source_starts_after_its_lease_ran_out() {
         "only the message running at the expiry finished"
     );
 }
+
+/// Nor is anything dead-lettered once the lease ran out (issue 25, item 10): a call that was
+/// running at the expiry and then fails terminally leaves its message to the next owner —
+/// before, its dead letter was published by a member that no longer owned the partition (the
+/// next owner then handled the message as well, or dead-lettered it a second time).
+#[tokio::test(start_paused = true)]
+async fn nothing_is_dead_lettered_after_the_lease_ran_out() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let release = release.clone();
+        handler_fn(move |_: Delivery| {
+            let release = release.clone();
+            async move {
+                release.notified().await;
+                Err::<(), HandlerError>(HandlerError::terminal("this order is broken"))
+            }
+        })
+    };
+    let (script, subscription) = scripted(Some(Duration::from_secs(60)));
+    let running = engine(handler, config(Duration::from_secs(5))).spawn(subscription);
+    let source = SourceId::new("t/0");
+    let lease = Lease::new(Instant::now() + Duration::from_secs(1));
+    script.control(SourceEvent::Assigned(vec![
+        Assignment::new(source.clone(), None).with_lease(lease.clone())
+    ]));
+    script
+        .messages(&source, vec![message(&source, 0, Some("doomed"), "x")])
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!lease.is_valid());
+    release.notify_waiters(); // the call running since before the expiry fails now
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let report = running.stop().await.unwrap();
+    assert_eq!(
+        (report.stats.dead_lettered, report.stats.handled),
+        (0, 0),
+        "the message is left to the next owner"
+    );
+}

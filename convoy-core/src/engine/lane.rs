@@ -118,7 +118,11 @@ pub(crate) enum Task {
         lease: Option<Lease>,
     },
     /// Dead-letter it unhandled with this reason (a stuck message).
-    DeadLetter(Box<DeadLetterReason>),
+    DeadLetter {
+        reason: Box<DeadLetterReason>,
+        /// The source's lease: nothing is dead-lettered once it ran out.
+        lease: Option<Lease>,
+    },
 }
 
 /// Runs a job to its end. Handling a message ends handled, skipped as a duplicate, or
@@ -132,12 +136,13 @@ pub(crate) async fn run(job: Job) -> Outcome {
             received,
             lease,
         } => process(&shard, message, position_id, received, lease.as_ref()).await,
-        Task::DeadLetter(reason) => {
+        Task::DeadLetter { reason, lease } => {
             dead_letter(
                 &shard.ctx,
                 &shard.stats,
                 &message,
                 *reason,
+                lease.as_ref(),
                 &mut fastrand::Rng::new(),
             )
             .await
@@ -247,7 +252,15 @@ impl Lane<'_> {
             retry_after: None,
         };
         let reason = reason(self.ctx, &failure, 0, now, now);
-        dead_letter(self.ctx, self.stats, message, reason, &mut fastrand::Rng::new()).await
+        dead_letter(
+            self.ctx,
+            self.stats,
+            message,
+            reason,
+            self.lease,
+            &mut fastrand::Rng::new(),
+        )
+        .await
     }
 
     /// One attempt: a call slot, the lease check, the call. `Ok` once handled (or fenced).
@@ -307,7 +320,7 @@ impl Lane<'_> {
             if !failure.retryable {
                 tracing::warn!(error = %failure.text, class = failure.class, attempt, "dead-lettering");
                 let reason = reason(ctx, &failure, attempt, first.1, now.1);
-                return dead_letter(ctx, stats, message, reason, &mut rng).await;
+                return dead_letter(ctx, stats, message, reason, self.lease, &mut rng).await;
             }
             let delay = failure
                 .retry_after
@@ -317,7 +330,7 @@ impl Lane<'_> {
                     OnExhausted::DeadLetter => {
                         tracing::warn!(error = %failure.text, attempt, "retries exhausted, dead-lettering");
                         let reason = reason(ctx, &failure, attempt, first.1, now.1);
-                        return dead_letter(ctx, stats, message, reason, &mut rng).await;
+                        return dead_letter(ctx, stats, message, reason, self.lease, &mut rng).await;
                     }
                     OnExhausted::BlockLane if !reported_exhausted => {
                         reported_exhausted = true;
@@ -547,16 +560,22 @@ pub(crate) fn dead_letter<'a>(
     stats: &'a ShardStats,
     message: &'a Message,
     reason: DeadLetterReason,
+    lease: Option<&'a Lease>,
     rng: &'a mut fastrand::Rng,
 ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>> {
-    Box::pin(publish_dead_letter(ctx, stats, message, reason, rng))
+    Box::pin(publish_dead_letter(ctx, stats, message, reason, lease, rng))
 }
 
+/// Publishes a dead letter, retrying the sink with backoff — unless the source's `lease` ran
+/// out, checked before every publish as before every attempt: the next owner handles the
+/// message (a dead letter here would be a decision about a message this member no longer owns,
+/// and its later commit is refused anyway).
 async fn publish_dead_letter(
     ctx: &LaneContext,
     stats: &ShardStats,
     message: &Message,
     reason: DeadLetterReason,
+    lease: Option<&Lease>,
     rng: &mut fastrand::Rng,
 ) -> Outcome {
     let cause = reason.cause;
@@ -564,8 +583,16 @@ async fn publish_dead_letter(
         message: message.clone(),
         reason,
     };
+    let fenced = || lease.is_some_and(|l| !l.is_valid());
     let mut failures = 0u32;
-    while let Err(e) = (*ctx.sink).publish(&dead_letter).await {
+    loop {
+        if fenced() {
+            tracing::warn!(source = %message.source, offset = message.offset, "not dead-lettering: the source's lease ran out (its next owner handles the message)");
+            return Outcome::Fenced;
+        }
+        let Err(e) = (*ctx.sink).publish(&dead_letter).await else {
+            break;
+        };
         if e.is_fatal() {
             tracing::error!(error = %e, "dead-letter sink failed fatally; the engine stops (the message is kept: it stays uncommitted)");
             return Outcome::Fatal(e);

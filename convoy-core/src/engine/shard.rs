@@ -184,6 +184,8 @@ struct InFlight {
     seq: Seq,
     weight: usize,
     message: Arc<Message>,
+    /// Its source's lease, if held by one (a stuck message's dead letter checks it).
+    lease: Option<Lease>,
 }
 
 struct Lane {
@@ -278,6 +280,9 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
 
     /// Starts `task` for `message` as the in-flight job of the lane of `launch.hash`.
     fn launch(&mut self, launch: Launch, message: Arc<Message>, task: Task) -> InFlight {
+        let lease = match &task {
+            Task::Handle { lease, .. } | Task::DeadLetter { lease, .. } => lease.clone(),
+        };
         let job = Job {
             shard: self.shard.clone(),
             message: message.clone(),
@@ -291,6 +296,7 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
             seq: launch.seq,
             weight: launch.weight,
             message,
+            lease,
         }
     }
 }
@@ -541,12 +547,12 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             .iter()
             .find(|l| l.busy.as_ref().is_some_and(|b| b.epoch == epoch && b.seq == seq))
             .map(|l| (l.key.clone(), l.hash));
-        let (key, hash, slot, weight, message) = if let Some((key, hash)) = in_flight {
+        let (key, hash, slot, weight, message, lease) = if let Some((key, hash)) = in_flight {
             let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|l| l.busy.take()) else {
                 return;
             };
             self.launcher.tasks.cancel(busy.task);
-            (key, hash, busy.slot, busy.weight, busy.message)
+            (key, hash, busy.slot, busy.weight, busy.message, busy.lease)
         } else {
             // Queued behind another message of its key: take it out and give it a lane of its own.
             let mut found = None;
@@ -562,7 +568,14 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             self.detached += 1;
             let key = LaneKey::Detached(self.detached);
             let hash = foldhash::fast::FixedState::default().hash_one(&key);
-            (key, hash, work.slot, work.weight, Arc::new(work.message))
+            (
+                key,
+                hash,
+                work.slot,
+                work.weight,
+                Arc::new(work.message),
+                work.lease,
+            )
         };
         tracing::error!(source = %message.source, offset = message.offset, ?waited, "message stuck past the stuck timeout; cancelling and dead-lettering it");
         let reason = lane::stuck_reason(&self.launcher.shard.ctx, waited);
@@ -573,9 +586,14 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             seq,
             weight,
         };
-        let in_flight = self
-            .launcher
-            .launch(launch, message, Task::DeadLetter(Box::new(reason)));
+        let in_flight = self.launcher.launch(
+            launch,
+            message,
+            Task::DeadLetter {
+                reason: Box::new(reason),
+                lease,
+            },
+        );
         match self.lanes.entry(&key, hash) {
             Entry::Occupied(mut entry) => entry.get_mut().busy = Some(in_flight),
             Entry::Vacant(entry) => {

@@ -56,6 +56,12 @@ impl Intake {
     fn report_gauges(&mut self) {
         let lanes: usize = self.stats.shards.iter().map(|s| s.lanes.load(Relaxed)).sum();
         self.metrics.active_lanes.set(lanes as f64);
+        // Every gauge is set on every tick, changed or not: an exporter that drops series idle
+        // for a while (metrics-exporter-prometheus's idle timeout) then drops only those of
+        // sources this member no longer holds — never set again after their revoke or loss.
+        self.metrics.in_flight.set(self.held_total as f64);
+        let paused = self.stats.intake.paused_sources.load(Relaxed);
+        self.metrics.paused_sources.set(paused as f64);
         // Lag is asked of the transport (not derived from fetched messages) so it shows while
         // paused. The query may be a broker round-trip: run it beside the loop, one at a time.
         let busy = self.lag_probe.as_ref().is_some_and(|probe| !probe.is_finished());
@@ -71,7 +77,9 @@ impl Intake {
             .map(|s| {
                 (
                     s.id.clone(),
-                    s.tracker.watermark(),
+                    // A watermark that is no log position (an AMQP channel's delivery tag,
+                    // starting again at 1 on every channel) would only mislead on a dashboard.
+                    s.tracker.watermark().filter(|_| s.offsets_are_positions),
                     s.committed.and_then(|n| n.checked_sub(1)),
                 )
             })
