@@ -322,10 +322,16 @@ impl AmqpDeadLetterSink {
 
 #[async_trait]
 impl DeadLetterSink for AmqpDeadLetterSink {
+    /// Publishes, confirmed. On a failure (a stream deleted since it was declared returns the
+    /// message unroutable) the connection is dropped, so the engine's retry connects again and
+    /// declares the stream again — instead of failing every dead letter for good.
     async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
-        self.publisher
-            .send_one(&dead_letter.to_outgoing())
-            .await
-            .map(|_| ())
+        let result = self.publisher.send_one(&dead_letter.to_outgoing()).await;
+        if result.is_err() {
+            if let Some((connection, _)) = self.publisher.open.lock().await.take() {
+                crate::connect::close(&connection, "declaring the dead-letter stream again").await;
+            }
+        }
+        result.map(|_| ())
     }
 }

@@ -231,10 +231,19 @@ impl NatsDeadLetterSink {
 
 #[async_trait]
 impl DeadLetterSink for NatsDeadLetterSink {
+    /// Publishes, acknowledged. On a failure the stream is declared again before the error goes
+    /// back (the engine retries the dead letter with backoff): one deleted since it was first
+    /// declared — an operator's clean-up — would otherwise fail every dead letter for good.
     async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
-        self.publisher
-            .send_one(&dead_letter.to_outgoing())
-            .await
-            .map(|_| ())
+        let result = self.publisher.send_one(&dead_letter.to_outgoing()).await;
+        if result.is_err() {
+            if let Some(connected) = self.publisher.connected.get() {
+                let (config, stream) = (&self.publisher.config, &self.publisher.target);
+                if let Err(e) = topology::declare_dead_letters(&connected.js, config, stream).await {
+                    tracing::warn!(stream, error = %e, "declaring the dead-letter stream again failed");
+                }
+            }
+        }
+        result.map(|_| ())
     }
 }

@@ -6,6 +6,7 @@
 //! - [`checker`]: the order checker (violations, losses, duplicates, overlaps);
 //! - [`probe`]: probe messages and the fault-injecting handler that records into the checker;
 //! - [`conformance`]: the suite every transport must pass, with a macro that makes each case a test;
+//! - [`dead_letters`]: a dead-letter destination deleted under a running engine, declared again;
 //! - [`interop`]: messages another language's client produced, consumed in order from the right partitions;
 //! - [`memory`]: the memory transport's conformance target;
 //! - [`nodes`]: private broker processes (NATS, RabbitMQ, Kafka; single nodes and clusters) for
@@ -20,6 +21,7 @@
 
 pub mod checker;
 pub mod conformance;
+pub mod dead_letters;
 pub mod interop;
 pub mod memory;
 pub mod nodes;

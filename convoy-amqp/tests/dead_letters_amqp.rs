@@ -1,0 +1,31 @@
+//! The dead-letter stream deleted while the engine runs is declared again, and the next poison
+//! message is dead-lettered there (issue 25, item 10). Before, the sink kept its channel after
+//! the broker returned the dead letter unroutable: every later one failed, and its lane retried
+//! it forever.
+
+#![allow(clippy::unwrap_used)] // tests unwrap what they set up themselves
+
+mod common;
+
+use convoy_testkit::dead_letters::a_deleted_dead_letter_destination_is_declared_again;
+use lapin::options::QueueDeleteOptions;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_dead_letter_stream_is_declared_again() {
+    let Some(uri) = common::uri() else {
+        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
+        return;
+    };
+    let bed = common::AmqpBed::new(&uri, 1).await;
+    let (config, stream) = (bed.config.clone(), bed.config.dlq_topic());
+    a_deleted_dead_letter_destination_is_declared_again(&bed, || async move {
+        let connection = convoy_amqp::connect::connect(&config, "test").await.unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .queue_delete(stream.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        convoy_amqp::connect::close(&connection, "deleted").await;
+    })
+    .await;
+}
