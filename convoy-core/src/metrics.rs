@@ -42,6 +42,8 @@ pub(crate) struct LaneMetrics {
     pub dead_lettered: Counter,
     pub retries: Counter,
     pub sink_failures: Counter,
+    /// Messages a shard found stuck in their lane (the intake counts stuck watermark heads).
+    pub stuck: Counter,
     pub handler_duration: Histogram,
     pub queue_time: Histogram,
 }
@@ -55,6 +57,7 @@ impl LaneMetrics {
             dead_lettered: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "dead_lettered"),
             retries: metrics::counter!(RETRIES, "group" => g.clone()),
             sink_failures: metrics::counter!(DEAD_LETTER_SINK_FAILURES, "group" => g.clone()),
+            stuck: metrics::counter!(STUCK, "group" => g.clone()),
             handler_duration: metrics::histogram!(HANDLER_DURATION, "group" => g.clone()),
             queue_time: metrics::histogram!(QUEUE_TIME, "group" => g),
         }

@@ -616,6 +616,67 @@ async fn keyless_messages_keep_their_source_order_or_run_unordered() {
     }
 }
 
+/// Many keys that fail forever must not starve the healthy ones (issue 25, item 10; a soak of
+/// Parallel Consumer found retry-forever records filling its intake within a minute). 1,000 keys
+/// whose one message fails on every attempt, retried forever (`BlockLane`), share one partition
+/// with 20 healthy keys × 1,000 messages — more than the watermark window (20,000), so the source
+/// must wait for its head once the window is full. The held bound keeps what the engine holds
+/// at its mark, and the stuck-gap timeout (30 s) dead-letters every failing message once its
+/// handling has run that long — all 1,000 at once, each lane on its own. Before, only a
+/// source's lowest unfinished message was judged, one per timeout: 1,000 × 30 s of a blocked
+/// window while the healthy keys waited.
+#[tokio::test(start_paused = true)]
+async fn a_thousand_keys_failing_forever_do_not_starve_the_healthy_ones() {
+    let (_, bed) = bed(1);
+    let checker = Arc::new(OrderChecker::new());
+    let mut plan = FaultPlan::default();
+    for i in 0..1_000 {
+        plan.transient_forever.insert((probe_key("failing-", i), 0));
+    }
+    let mut config = test_config(bed.group());
+    config.retry = RetryPolicy {
+        on_exhausted: OnExhausted::BlockLane,
+        ..policy(100, 2.0, None)
+    };
+    config.retry.backoff.cap = Duration::from_secs(1);
+    config.stuck_timeout = Some(Duration::from_secs(30));
+    let engine = run(
+        &bed,
+        ProbeHandler::with_faults(checker.clone(), plan),
+        config.clone(),
+        sink(&bed, &checker),
+    )
+    .await;
+    publish_load(bed.publisher().as_ref(), &checker, "failing-", 1_000, 1)
+        .await
+        .unwrap();
+    publish_load(bed.publisher().as_ref(), &checker, "healthy-", 20, 1_000)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    assert!(
+        checker.wait_complete(Duration::from_secs(120)).await,
+        "the healthy keys starved: {:?}; engine {:?}",
+        checker.report(),
+        engine.stats()
+    );
+    let took = started.elapsed();
+    let stats = engine.stats();
+    assert_eq!(stats.dead_lettered, 1_000, "every failing message, as stuck");
+    assert_eq!(stats.handled, 20_000, "every healthy message");
+    assert!(
+        stats.peak_held <= config.back_pressure.source_high + 1_000,
+        "held stays near its bound: {stats:?}"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "cleared within one stuck timeout or so, not one per key: {took:?}"
+    );
+    let report = checker.report();
+    assert!(report.is_clean(), "{report:#?}");
+    engine.stop().await.unwrap();
+}
+
 /// The watermark gauge shows log positions only (issue 25, item 10): an assignment whose
 /// offsets count deliveries (an AMQP channel's tags, starting again at 1 on every channel) gets
 /// none — it would jump backwards on every reconnect — while a log's source shows its own.

@@ -174,6 +174,11 @@ pub(crate) enum ShardCommand {
         seq: Seq,
         waited: std::time::Duration,
     },
+    /// Dead-letter, as stuck, every message whose handling started at least `limit` ago and
+    /// has not finished (a hung call, or retries that never end), each lane on its own.
+    CheckStuck {
+        limit: std::time::Duration,
+    },
 }
 
 struct InFlight {
@@ -186,6 +191,8 @@ struct InFlight {
     message: Arc<Message>,
     /// Its source's lease, if held by one (a stuck message's dead letter checks it).
     lease: Option<Lease>,
+    /// When its handling started; `None` for a stuck message's dead letter.
+    started: Option<Instant>,
 }
 
 struct Lane {
@@ -280,8 +287,9 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
 
     /// Starts `task` for `message` as the in-flight job of the lane of `launch.hash`.
     fn launch(&mut self, launch: Launch, message: Arc<Message>, task: Task) -> InFlight {
-        let lease = match &task {
-            Task::Handle { lease, .. } | Task::DeadLetter { lease, .. } => lease.clone(),
+        let (lease, started) = match &task {
+            Task::Handle { lease, .. } => (lease.clone(), Some(Instant::now())),
+            Task::DeadLetter { lease, .. } => (lease.clone(), None),
         };
         let job = Job {
             shard: self.shard.clone(),
@@ -297,6 +305,7 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
             weight: launch.weight,
             message,
             lease,
+            started,
         }
     }
 }
@@ -418,6 +427,23 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             }
             ShardCommand::Stuck { epoch, seq, waited } => {
                 self.stuck(epoch, seq, waited);
+            }
+            ShardCommand::CheckStuck { limit } => {
+                let now = Instant::now();
+                let stuck: Vec<(u64, Seq, std::time::Duration)> = self
+                    .lanes
+                    .0
+                    .iter()
+                    .filter_map(|l| l.busy.as_ref())
+                    .filter_map(|b| {
+                        let waited = now - b.started?;
+                        (waited >= limit).then_some((b.epoch, b.seq, waited))
+                    })
+                    .collect();
+                for (epoch, seq, waited) in stuck {
+                    self.launcher.shard.ctx.metrics.stuck.increment(1);
+                    self.stuck(epoch, seq, waited);
+                }
             }
         }
     }
@@ -546,7 +572,20 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             .0
             .iter()
             .find(|l| l.busy.as_ref().is_some_and(|b| b.epoch == epoch && b.seq == seq))
-            .map(|l| (l.key.clone(), l.hash));
+            .map(|l| {
+                (
+                    l.key.clone(),
+                    l.hash,
+                    l.busy.as_ref().is_some_and(|b| b.started.is_none()),
+                )
+            });
+        if in_flight
+            .as_ref()
+            .is_some_and(|(_, _, dead_lettering)| *dead_lettering)
+        {
+            return; // found stuck by the other check already: its dead letter is under way
+        }
+        let in_flight = in_flight.map(|(key, hash, _)| (key, hash));
         let (key, hash, slot, weight, message, lease) = if let Some((key, hash)) = in_flight {
             let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|l| l.busy.take()) else {
                 return;

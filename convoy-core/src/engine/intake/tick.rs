@@ -18,7 +18,8 @@ impl Intake {
     }
 
     /// Dead-letters a source's lowest unfinished message once it held the watermark back
-    /// longer than the stuck timeout.
+    /// longer than the stuck timeout, and has every shard dead-letter each message whose
+    /// handling started that long ago.
     fn check_stuck(&mut self) {
         let Some(limit) = self.config.stuck_timeout else {
             return;
@@ -50,6 +51,11 @@ impl Intake {
             for shard in &self.shards {
                 let _ = shard.send(ShardCommand::Stuck { epoch, seq, waited });
             }
+        }
+        // Every lane on its own too: with many keys failing forever, one head at a time (one
+        // per stuck timeout) would hold the window for hours while healthy keys wait.
+        for shard in &self.shards {
+            let _ = shard.send(ShardCommand::CheckStuck { limit });
         }
     }
 
