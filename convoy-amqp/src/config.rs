@@ -87,7 +87,7 @@ pub struct AmqpConfig {
 impl fmt::Debug for AmqpConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpConfig")
-            .field("uri", &redact_uri(&self.uri))
+            .field("uri", &redact_userinfo(&self.uri))
             .field("group", &self.group)
             .field("topics", &self.topics)
             .field("dlq_topic", &self.dlq_topic)
@@ -101,11 +101,6 @@ impl fmt::Debug for AmqpConfig {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .finish()
     }
-}
-
-/// The URI with its password replaced by `<redacted>` (see [`redact_userinfo`]).
-pub fn redact_uri(uri: &str) -> String {
-    redact_userinfo(uri)
 }
 
 /// Longest AMQP queue or exchange name.
@@ -159,7 +154,7 @@ impl AmqpConfig {
 
     /// The parsed URI of each node listed (heartbeat applied), or an error naming `uri`.
     pub fn parsed_uris(&self) -> Result<Vec<AMQPUri>, ConfigError> {
-        let bad = |e: String| ConfigError::invalid("uri", format!("{e} in {}", redact_uri(&self.uri)));
+        let bad = |e: String| ConfigError::invalid("uri", format!("{e} in {}", redact_userinfo(&self.uri)));
         let (scheme, rest) = self
             .uri
             .split_once("://")

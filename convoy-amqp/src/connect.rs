@@ -6,11 +6,12 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use convoy_core::config::redact_userinfo;
 use convoy_core::TransportError;
 use futures_util::StreamExt;
 use lapin::{Connection, ConnectionProperties, Event};
 
-use crate::config::{redact_uri, AmqpConfig};
+use crate::config::AmqpConfig;
 use crate::error::broker;
 
 /// Where the next connection starts in a cluster's list of nodes: connections spread over the
@@ -47,7 +48,7 @@ pub async fn connect(config: &AmqpConfig, role: &str) -> Result<Connection, Tran
         NEXT_NODE.fetch_add(1, Relaxed);
     }
     let Some(connection) = opened else {
-        let at = redact_uri(&config.uri);
+        let at = redact_userinfo(&config.uri);
         return Err(match last_error {
             // The classification (refused credentials are fatal, I/O errors are an outage)
             // follows the last node's answer; every node's is in the text.

@@ -22,7 +22,6 @@ use convoy_amqp::{AmqpConfig, AmqpDeadLetterSink, AmqpTransport};
 use convoy_core::{Delivery, Engine, EngineHandle, Handler, HandlerError};
 use convoy_testkit::conformance::test_config;
 use convoy_testkit::probe::{decode_seq, publish_load};
-use convoy_testkit::proxy::Proxy;
 use convoy_testkit::OrderChecker;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -160,19 +159,6 @@ impl Fence {
     }
 }
 
-/// The broker's address in `uri`, and `config` through a proxy to it.
-async fn behind_proxy(uri: &str, config: &AmqpConfig) -> (Proxy, AmqpConfig) {
-    let broker = uri
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .unwrap()
-        .to_owned();
-    let proxy = Proxy::start(&broker).await.unwrap();
-    let mut through_proxy = config.clone();
-    through_proxy.uri = uri.replacen(&broker, &proxy.address(), 1);
-    (proxy, through_proxy)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_cut_off_silently_starts_nothing_after_its_partitions_moved() {
     let Some(uri) = common::uri() else {
@@ -180,7 +166,7 @@ async fn a_member_cut_off_silently_starts_nothing_after_its_partitions_moved() {
         return;
     };
     let fence = Fence::new(&uri).await;
-    let (proxy, through_proxy) = behind_proxy(&uri, &fence.bed.config).await;
+    let (proxy, through_proxy) = common::behind_proxy(&uri, &fence.bed.config).await;
     let cut_off = fence
         .member("cut-off", Duration::from_millis(100), through_proxy)
         .await;
@@ -202,7 +188,7 @@ async fn a_frozen_member_starts_nothing_after_its_partitions_moved() {
     let fence = Arc::new(Fence::new(&uri).await);
     // Through a proxy only to keep it from rejoining while the test looks: once thawed it
     // reconnects, rightly takes partitions again, and would start their messages anew.
-    let (proxy, through_proxy) = behind_proxy(&uri, &fence.bed.config).await;
+    let (proxy, through_proxy) = common::behind_proxy(&uri, &fence.bed.config).await;
     // The member to freeze runs on a runtime of its own, on one thread: a task that blocks that
     // thread stops everything of the member — reading, heartbeats, timers, lanes — at once.
     let runtime = tokio::runtime::Builder::new_current_thread()

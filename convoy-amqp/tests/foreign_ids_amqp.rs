@@ -16,7 +16,6 @@ use convoy_amqp::{AmqpDeadLetterSink, AmqpTransport};
 use convoy_core::Engine;
 use convoy_testkit::conformance::test_config;
 use convoy_testkit::probe::{ProbeHandler, RecordingSink};
-use convoy_testkit::proxy::Proxy;
 use convoy_testkit::OrderChecker;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -68,14 +67,7 @@ async fn foreign_messages_after_a_reconnect_are_handled_and_message_ids_deduplic
         return;
     };
     let bed = common::AmqpBed::new(&uri, 1).await;
-    let broker = uri
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .unwrap()
-        .to_owned();
-    let proxy = Proxy::start(&broker).await.unwrap();
-    let mut through_proxy = bed.config.clone();
-    through_proxy.uri = uri.replacen(&broker, &proxy.address(), 1);
+    let (proxy, through_proxy) = common::behind_proxy(&uri, &bed.config).await;
     let checker = Arc::new(OrderChecker::new());
     let engine = Engine::builder(ProbeHandler::new(checker.clone()))
         .config(test_config(&bed.config.group))
@@ -152,14 +144,7 @@ async fn a_commit_of_an_earlier_channel_is_never_acknowledged_on_the_next() {
     use convoy_core::{Commit, SourceEvent, Transport};
     let Some(uri) = common::uri() else { return };
     let bed = common::AmqpBed::new(&uri, 1).await;
-    let broker = uri
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .unwrap()
-        .to_owned();
-    let proxy = Proxy::start(&broker).await.unwrap();
-    let mut through_proxy = bed.config.clone();
-    through_proxy.uri = uri.replacen(&broker, &proxy.address(), 1);
+    let (proxy, through_proxy) = common::behind_proxy(&uri, &bed.config).await;
     let checker = OrderChecker::new();
     for _ in 0..5 {
         let seq = checker.expect(&bytes::Bytes::from_static(b"k"));

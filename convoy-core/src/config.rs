@@ -59,8 +59,7 @@ pub fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
+    let (authority, tail) = split_authority(rest);
     if let Some((userinfo, host)) = authority.rsplit_once('@') {
         return match userinfo.split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}{tail}"),
@@ -82,10 +81,13 @@ pub const UNESCAPED_PASSWORD: &str =
 /// early: no parser reads the intended password, and a URL like that is refused at startup
 /// (percent-encode them: `%2F`, `%3F`, `%23`).
 pub fn has_unescaped_password(url: &str) -> bool {
-    url.split_once("://").is_some_and(|(_, rest)| {
-        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        !rest[..end].contains('@') && unescaped_password(rest).is_some()
-    })
+    url.split_once("://")
+        .is_some_and(|(_, rest)| !split_authority(rest).0.contains('@') && unescaped_password(rest).is_some())
+}
+
+/// What follows `scheme://`, split where its authority ends (the first `/`, `?` or `#`).
+fn split_authority(rest: &str) -> (&str, &str) {
+    rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()))
 }
 
 /// In an address whose authority holds no `@`: `user:` followed, past a `/`, `?` or `#`, by

@@ -25,7 +25,7 @@ const PAUSED_FOR: Duration = Duration::from_secs(40);
 
 /// How many messages the server delivered to the member's consumers of `topic`'s stream.
 async fn delivered(js: &async_nats::jetstream::Context, topic: &str) -> u64 {
-    let mut stream = js.get_stream(topology::stream_name(topic)).await.unwrap();
+    let stream = js.get_stream(topology::stream_name(topic)).await.unwrap();
     let names: Vec<String> = stream
         .consumer_names()
         .filter_map(|n| async move { n.ok() })
@@ -42,7 +42,6 @@ async fn delivered(js: &async_nats::jetstream::Context, topic: &str) -> u64 {
             }
         }
     }
-    let _ = &mut stream;
     total
 }
 

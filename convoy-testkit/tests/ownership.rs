@@ -97,6 +97,19 @@ fn engine(handler: impl Handler, config: EngineConfig) -> Engine {
         .unwrap()
 }
 
+/// An engine on a scripted transport holding one source, `t/0`, by a lease that runs out a
+/// second from now.
+fn one_leased_source(handler: impl Handler) -> (Script, EngineHandle, SourceId, Lease) {
+    let (script, subscription) = scripted(Some(Duration::from_secs(60)));
+    let running = engine(handler, config(Duration::from_secs(5))).spawn(subscription);
+    let source = SourceId::new("t/0");
+    let lease = Lease::new(Instant::now() + Duration::from_secs(1));
+    script.control(SourceEvent::Assigned(vec![
+        Assignment::new(source.clone(), None).with_lease(lease.clone())
+    ]));
+    (script, running, source, lease)
+}
+
 /// Assigns `source` and sends it `keys` messages, one per key.
 async fn feed(script: &Script, source: &SourceId, keys: &[String]) {
     script.assign(source);
@@ -364,13 +377,7 @@ async fn nothing_of_a_source_starts_after_its_lease_ran_out() {
             }
         })
     };
-    let (script, subscription) = scripted(Some(Duration::from_secs(60)));
-    let running = engine(handler, config(Duration::from_secs(5))).spawn(subscription);
-    let source = SourceId::new("t/0");
-    let lease = Lease::new(Instant::now() + Duration::from_secs(1));
-    script.control(SourceEvent::Assigned(vec![
-        Assignment::new(source.clone(), None).with_lease(lease.clone())
-    ]));
+    let (script, running, source, lease) = one_leased_source(handler);
     let batch = vec![
         message(&source, 0, Some("slow"), "x"),
         message(&source, 1, Some("slow"), "x"),
@@ -422,13 +429,7 @@ async fn nothing_is_dead_lettered_after_the_lease_ran_out() {
             }
         })
     };
-    let (script, subscription) = scripted(Some(Duration::from_secs(60)));
-    let running = engine(handler, config(Duration::from_secs(5))).spawn(subscription);
-    let source = SourceId::new("t/0");
-    let lease = Lease::new(Instant::now() + Duration::from_secs(1));
-    script.control(SourceEvent::Assigned(vec![
-        Assignment::new(source.clone(), None).with_lease(lease.clone())
-    ]));
+    let (script, running, source, lease) = one_leased_source(handler);
     script
         .messages(&source, vec![message(&source, 0, Some("doomed"), "x")])
         .await;

@@ -155,3 +155,16 @@ impl ConformanceTarget for AmqpTarget {
 pub fn python() -> Option<String> {
     setting("CONVOY_PYTHON")
 }
+
+/// A proxy to the broker `uri` names, and `config` connecting through it.
+pub async fn behind_proxy(uri: &str, config: &AmqpConfig) -> (convoy_testkit::proxy::Proxy, AmqpConfig) {
+    let broker = uri
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+    let proxy = convoy_testkit::proxy::Proxy::start(&broker).await.unwrap();
+    let mut through_proxy = config.clone();
+    through_proxy.uri = uri.replacen(&broker, &proxy.address(), 1);
+    (proxy, through_proxy)
+}

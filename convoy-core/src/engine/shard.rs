@@ -571,21 +571,14 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             .lanes
             .0
             .iter()
-            .find(|l| l.busy.as_ref().is_some_and(|b| b.epoch == epoch && b.seq == seq))
-            .map(|l| {
-                (
-                    l.key.clone(),
-                    l.hash,
-                    l.busy.as_ref().is_some_and(|b| b.started.is_none()),
-                )
-            });
-        if in_flight
-            .as_ref()
-            .is_some_and(|(_, _, dead_lettering)| *dead_lettering)
-        {
-            return; // found stuck by the other check already: its dead letter is under way
-        }
-        let in_flight = in_flight.map(|(key, hash, _)| (key, hash));
+            // A message already being dead-lettered (found stuck by the other check) is skipped:
+            // not in flight as a handler, not queued, so left alone below.
+            .find(|l| {
+                l.busy
+                    .as_ref()
+                    .is_some_and(|b| b.epoch == epoch && b.seq == seq && b.started.is_some())
+            })
+            .map(|l| (l.key.clone(), l.hash));
         let (key, hash, slot, weight, message, lease) = if let Some((key, hash)) = in_flight {
             let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|l| l.busy.take()) else {
                 return;
