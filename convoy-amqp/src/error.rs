@@ -1,7 +1,40 @@
 //! RabbitMQ errors as convoy sees them.
 
+use std::future::Future;
+use std::time::Duration;
+
 use convoy_core::TransportError;
 use lapin::ErrorKind;
+
+/// The longest one broker call may take: a declare, a lock, a delete, a channel opened or
+/// closed. lapin waits for an answer as long as the socket stays open, and a broker whose
+/// answers are lost (a half-broken network, a node stuck electing a queue's leader) would hold
+/// the member there — unable even to notice its lease ran out.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A broker call that got no answer within [`CALL_TIMEOUT`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "RabbitMQ did not answer {what} within {CALL_TIMEOUT:?} (an unreachable or overloaded node, or a \
+     queue whose leader is being elected?)"
+)]
+pub struct NoAnswer {
+    what: String,
+}
+
+/// Awaits `call`, for at most [`CALL_TIMEOUT`]; `what` names it in the error.
+pub async fn answered<T>(what: impl Into<String>, call: impl Future<Output = T>) -> Result<T, NoAnswer> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(answer) => Ok(answer),
+        Err(_) => Err(NoAnswer { what: what.into() }),
+    }
+}
+
+impl From<NoAnswer> for TransportError {
+    fn from(e: NoAnswer) -> Self {
+        TransportError::Unavailable(e.to_string())
+    }
+}
 
 /// The reply code and text of an error the broker sent (e.g. `406, "PRECONDITION_FAILED - …"`).
 pub fn amqp_error(e: &lapin::Error) -> Option<(u16, &str)> {
@@ -42,6 +75,9 @@ pub enum TopologyError {
     /// Any other broker or connection error.
     #[error("{0}")]
     Broker(lapin::Error),
+    /// The broker did not answer in time.
+    #[error(transparent)]
+    NoAnswer(#[from] NoAnswer),
 }
 
 impl From<TopologyError> for TransportError {
@@ -51,6 +87,7 @@ impl From<TopologyError> for TransportError {
                 TransportError::Fatal(e.to_string())
             }
             TopologyError::Broker(e) => broker("declaring the topology", e),
+            TopologyError::NoAnswer(e) => e.into(),
         }
     }
 }

@@ -17,13 +17,14 @@
 //! one connection and deletes it when that connection dies. `convoy.G.members` counts the live
 //! members (each consumes it). Every declare is idempotent; one with other arguments than an
 //! existing queue's is a clear error naming the queue and what differs, never a fallback.
+//! Every call is bounded in time ([`crate::error::CALL_TIMEOUT`]).
 
 use crate::config::AmqpConfig;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ExchangeKind};
 
-use crate::error::{amqp_error, TopologyError};
+use crate::error::{amqp_error, answered, TopologyError};
 
 /// The partition queue of `group` for partition `p` of `topic`.
 pub fn partition_queue(topic: &str, group: &str, p: u32) -> String {
@@ -62,9 +63,10 @@ pub async fn declare_exchange(channel: &Channel, topic: &str, partitions: u32) -
         durable: true,
         ..ExchangeDeclareOptions::default()
     };
-    channel
-        .exchange_declare(topic.into(), ExchangeKind::Direct, durable, FieldTable::default())
-        .await
+    let declare =
+        channel.exchange_declare(topic.into(), ExchangeKind::Direct, durable, FieldTable::default());
+    answered(format!("declaring exchange {topic}"), declare)
+        .await?
         .map_err(|e| match amqp_error(&e) {
             Some((406, text)) => TopologyError::Mismatch {
                 queue: format!("exchange {topic}"),
@@ -80,13 +82,10 @@ pub async fn declare_exchange(channel: &Channel, topic: &str, partitions: u32) -
         "x-max-length".into(),
         AMQPValue::LongLongInt(i64::from(partitions)),
     );
-    channel
-        .queue_declare(
-            partitions_marker(topic).as_str().into(),
-            QueueDeclareOptions::durable(),
-            args,
-        )
-        .await
+    let marker = partitions_marker(topic);
+    let declare = channel.queue_declare(marker.as_str().into(), QueueDeclareOptions::durable(), args);
+    answered(format!("declaring {marker}"), declare)
+        .await?
         .map_err(|e| match amqp_error(&e) {
             Some((406, text)) => TopologyError::Partitions {
                 topic: topic.to_owned(),
@@ -141,10 +140,12 @@ where
     F: FnOnce(Channel) -> Fut,
     Fut: std::future::Future<Output = Result<T, TopologyError>>,
 {
-    let channel = conn.create_channel().await.map_err(TopologyError::Broker)?;
+    let channel = answered("opening a channel", conn.create_channel())
+        .await?
+        .map_err(TopologyError::Broker)?;
     let result = declare(channel.clone()).await;
     if channel.status().connected() {
-        let _ = channel.close(200, "declared".into()).await;
+        let _ = answered("closing a channel", channel.close(200, "declared".into())).await;
     }
     result
 }
@@ -155,16 +156,18 @@ async fn declare_queue(
     options: QueueDeclareOptions,
     args: FieldTable,
 ) -> Result<(u32, u32), TopologyError> {
-    let queue = channel
-        .queue_declare(name.into(), options, args)
-        .await
-        .map_err(|e| match amqp_error(&e) {
-            Some((406, text)) => TopologyError::Mismatch {
-                queue: name.to_owned(),
-                server: text.to_owned(),
-            },
-            _ => TopologyError::Broker(e),
-        })?;
+    let queue = answered(
+        format!("declaring queue {name}"),
+        channel.queue_declare(name.into(), options, args),
+    )
+    .await?
+    .map_err(|e| match amqp_error(&e) {
+        Some((406, text)) => TopologyError::Mismatch {
+            queue: name.to_owned(),
+            server: text.to_owned(),
+        },
+        _ => TopologyError::Broker(e),
+    })?;
     Ok((queue.message_count(), queue.consumer_count()))
 }
 
@@ -191,15 +194,15 @@ pub async fn declare_topic(
         for p in 0..partitions {
             let queue = partition_queue(topic, &config.group, p);
             declare_queue(&channel, &queue, QueueDeclareOptions::durable(), args.clone()).await?;
-            channel
-                .queue_bind(
-                    queue.as_str().into(),
-                    topic.into(),
-                    routing_key(p).as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
+            let bind = channel.queue_bind(
+                queue.as_str().into(),
+                topic.into(),
+                routing_key(p).as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            );
+            answered(format!("binding queue {queue}"), bind)
+                .await?
                 .map_err(TopologyError::Broker)?;
         }
         Ok(())
@@ -233,10 +236,8 @@ pub async fn try_lock(conn: &Connection, name: &str) -> Result<bool, TopologyErr
             auto_delete: true,
             ..QueueDeclareOptions::default()
         };
-        match channel
-            .queue_declare(name.into(), options, FieldTable::default())
-            .await
-        {
+        let declare = channel.queue_declare(name.into(), options, FieldTable::default());
+        match answered(format!("taking the lock {name}"), declare).await? {
             Ok(_) => Ok(true),
             // RESOURCE_LOCKED: exclusive to another connection.
             Err(e) if amqp_error(&e).is_some_and(|(code, _)| code == 405) => Ok(false),
@@ -248,11 +249,13 @@ pub async fn try_lock(conn: &Connection, name: &str) -> Result<bool, TopologyErr
 
 /// Deletes a queue (a lock this connection holds, or a test's queues).
 pub async fn delete_queue(channel: &Channel, name: &str) -> Result<(), TopologyError> {
-    channel
-        .queue_delete(name.into(), QueueDeleteOptions::default())
-        .await
-        .map(|_| ())
-        .map_err(TopologyError::Broker)
+    answered(
+        format!("deleting queue {name}"),
+        channel.queue_delete(name.into(), QueueDeleteOptions::default()),
+    )
+    .await?
+    .map(|_| ())
+    .map_err(TopologyError::Broker)
 }
 
 /// Deletes topic `topic`'s exchange and `group`'s partition queues (tests clean up with it).
@@ -267,9 +270,9 @@ pub async fn delete_topic(
             delete_queue(&channel, &partition_queue(topic, group, p)).await?;
         }
         delete_queue(&channel, &partitions_marker(topic)).await?;
-        channel
-            .exchange_delete(topic.into(), lapin::options::ExchangeDeleteOptions::default())
-            .await
+        let delete = channel.exchange_delete(topic.into(), lapin::options::ExchangeDeleteOptions::default());
+        answered(format!("deleting exchange {topic}"), delete)
+            .await?
             .map_err(TopologyError::Broker)
     })
     .await

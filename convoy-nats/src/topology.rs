@@ -130,6 +130,11 @@ pub fn token_key(j: u32) -> String {
     format!("x.{j}")
 }
 
+/// True for the key of an extra token.
+pub fn is_token_key(key: &str) -> bool {
+    key.starts_with("x.")
+}
+
 /// The name of member `member`'s consumer of partition `p`, the `serial`-th it created: one
 /// per ownership epoch and per re-creation, because a consumer's start can never be moved.
 pub fn consumer_name(member: u64, p: u32, serial: u64) -> String {

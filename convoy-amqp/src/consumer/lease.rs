@@ -5,17 +5,19 @@
 //! queue; the broker deletes that queue when it considers the connection dead — closed, or
 //! silent for a heartbeat timeout `T` (RabbitMQ checks every `T` for anything received since
 //! the previous check, so never sooner than `T` after the last frame it got). The lease is the
-//! member's own bound on that: every `T / 5` a round trip on a channel of its own
-//! (`basic.qos`, which touches no queue) proves the broker heard from the connection at or
-//! after the time it was sent, and the lease is extended to that time `+ T · 2/3` — always
-//! before the broker can hand a partition on. A connection error ends it at once, and so does
-//! a renewal far later than due (a frozen process, a suspended host). Every partition of the
+//! member's own bound on that, kept on convoy-core's [`LeaseTerms`] with lifetime `T` like every
+//! lease convoy keeps: every `T / 5` a round trip on a channel of its own (`basic.qos`, which
+//! touches no queue) proves the broker heard from the connection at or after the time it was
+//! sent, and the lease is extended to that time `+ T · 2/3` — always before the broker can hand
+//! a partition on. A connection error ends it at once, and so does a renewal far later than
+//! due (a frozen process, a suspended host). Every partition of the
 //! connection shares the lease: the engine starts no attempt of them once it ran out, whatever
 //! the partition tasks still had in hand, and the member rejoins on a new connection.
 
 use std::time::Duration;
 
-use convoy_core::transport::clock::{Renewals, Tick};
+use convoy_core::transport::clock::Tick;
+use convoy_core::transport::{LeaseTerms, Renewal};
 use convoy_core::{Lease, TransportError};
 use futures_util::StreamExt;
 use lapin::options::BasicQosOptions;
@@ -23,7 +25,7 @@ use lapin::{Channel, Connection, ConnectionStatus, Event};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::error::broker;
+use crate::error::{answered, broker};
 
 /// The lease of one connection, kept by a task of its own until it runs out or is ended.
 pub(super) struct ConnectionLease {
@@ -40,24 +42,15 @@ impl ConnectionLease {
             0 => heartbeat_s,
             n => n,
         };
-        let timeout = Duration::from_secs(u64::from(negotiated.max(1)));
-        let valid_for = timeout * 2 / 3;
-        let lease = Lease::new(Instant::now() + valid_for);
-        let channel = connection
-            .create_channel()
-            .await
+        let terms = LeaseTerms::new(Duration::from_secs(u64::from(negotiated.max(1))));
+        let lease = terms.lease(Instant::now());
+        let channel = answered("opening the lease channel", connection.create_channel())
+            .await?
             .map_err(|e| broker("opening the lease channel", e))?;
         let (tx, lost) = oneshot::channel();
         let events = connection.events_listener();
         let status = connection.status().clone();
-        tokio::spawn(keep(
-            lease.clone(),
-            channel,
-            (events, status),
-            valid_for,
-            timeout,
-            tx,
-        ));
+        tokio::spawn(keep(lease.clone(), terms, channel, (events, status), tx));
         Ok(ConnectionLease { lease, lost })
     }
 
@@ -85,13 +78,12 @@ impl Drop for ConnectionLease {
 /// Renews `lease` until it runs out or is ended, then says why on `lost`.
 async fn keep(
     lease: Lease,
+    terms: LeaseTerms,
     channel: Channel,
     (mut events, status): (impl futures_util::Stream<Item = Event> + Unpin, ConnectionStatus),
-    valid_for: Duration,
-    heartbeat: Duration,
     lost: oneshot::Sender<String>,
 ) {
-    let mut renewals = Renewals::new(heartbeat / 5, heartbeat / 3);
+    let mut renewals = terms.renewals();
     let why = loop {
         let tick = tokio::select! {
             tick = renewals.tick() => tick,
@@ -108,14 +100,15 @@ async fn keep(
         if let Tick::Late(gap) = tick {
             break format!("renewals stalled for {gap:?} (a frozen process or a suspended host)");
         }
-        let sent = Instant::now();
-        let left = lease.valid_until().saturating_duration_since(sent);
-        match tokio::time::timeout(left, channel.basic_qos(1, BasicQosOptions::default())).await {
-            Ok(Ok(())) => {
-                lease.extend(sent + valid_for);
+        match terms
+            .renew(&lease, channel.basic_qos(1, BasicQosOptions::default()))
+            .await
+        {
+            Renewal::Renewed(()) => {}
+            Renewal::Refused(e) => break format!("renewing the connection's lease failed: {e}"),
+            Renewal::Expired => {
+                break "the broker did not answer before the connection's lease ran out".to_owned()
             }
-            Ok(Err(e)) => break format!("renewing the connection's lease failed: {e}"),
-            Err(_) => break "the broker did not answer before the connection's lease ran out".to_owned(),
         }
     };
     lease.expire();

@@ -1,8 +1,9 @@
 //! The RabbitMQ subscription: a member of a consumer group whose owned partition queues are
 //! convoy sources.
 //!
-//! By job: `member` joins the group, balances partitions over the live members and hands
-//! partitions over (with the engine's drain and commit in between); `partition` reads one owned
+//! By job: `member` is what a lock is for convoy-core's balancing loop (`GroupMember`: fair
+//! shares, handovers with the engine's drain and commit in between) and rejoins after a lost
+//! connection; `lease` is the connection's lease, the fence of every assignment; `partition` reads one owned
 //! partition queue on its own channel and hands batches to the engine; `control` says what a
 //! commit (`basic.ack(W, multiple)` on that channel) and the lag are, for convoy-core's
 //! `MemberControl`, which pauses, resumes and closes.
@@ -112,8 +113,8 @@ impl Transport for AmqpTransport {
         });
         // Connect and declare before returning, so a bad address or a mismatching queue is an
         // error of `subscribe`, not a silent retry loop.
-        let session = member::Session::open(shared.clone()).await?;
-        tokio::spawn(member::run(shared.clone(), session));
+        let member = member::join(shared.clone()).await?;
+        tokio::spawn(member::run(shared.clone(), member));
         Ok(Subscription {
             events: rx,
             control: Box::new(MemberControl::new(shared)),

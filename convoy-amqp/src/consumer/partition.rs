@@ -9,7 +9,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use convoy_core::transport::EventSender;
+use async_trait::async_trait;
+use convoy_core::transport::{EventSender, PartitionReader};
 use convoy_core::SourceId;
 use futures_util::{FutureExt, StreamExt};
 use lapin::Consumer;
@@ -54,10 +55,15 @@ impl PartitionTask {
             handle: tokio::spawn(read(parts, stopped)),
         }
     }
+}
+
+#[async_trait]
+impl PartitionReader for PartitionTask {
+    type Stopped = (Option<Consumer>, Ended);
 
     /// Stops reading (a batch waiting for room is dropped: it is redelivered, being unacked) and
     /// returns the consumer with why the task ended.
-    pub async fn stop(self) -> (Option<Consumer>, Ended) {
+    async fn stop(self) -> (Option<Consumer>, Ended) {
         let _ = self.stop.send(true);
         match self.handle.await {
             Ok((consumer, ended)) => (Some(consumer), ended),

@@ -29,12 +29,14 @@ mod batches;
 pub mod clock;
 mod departure;
 mod events;
+mod group;
 mod lease;
 mod member;
 
 pub use batches::BatchSender;
 pub use departure::Departure;
-pub use lease::Lease;
+pub use group::{Ended, GroupLocks, GroupMember, LockLoss, MemberTiming, PartitionReader};
+pub use lease::{Lease, LeaseTerms, Renewal};
 pub use member::{MemberControl, MemberSources};
 
 pub use events::{

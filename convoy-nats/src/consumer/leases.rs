@@ -3,15 +3,16 @@
 //!
 //! Taking one is `create` (refused while anyone holds it), renewing is `update` against the
 //! revision this member wrote last (refused once anyone else wrote), releasing is a delete
-//! against that revision. Renewals run on their own task every `ttl / 5`, whatever the member
-//! is doing (a handover may wait a minute for the engine). A lease counts as held until
-//! `ttl · 2/3` after the *send* time of its last successful write: the server's expiry is `ttl`
-//! after it *stored* that write, later still, so this member always stops before anyone else
-//! can take the key. Past that point the lease is reported lost and never renewed again — a
-//! partition's straight to the engine (`Lost`), whatever the member task is waiting for.
-//! Validity counts suspended time too ([`convoy_core::transport::clock`]), and a renewal far
-//! later than due gives every lease up. What remains assumed: the server's clock does not step
-//! forward by more than a third of `ttl` (that would expire a lease before this member stops).
+//! against that revision. Renewals follow convoy-core's [`LeaseTerms`] with lifetime `ttl`, like
+//! every lease convoy keeps: on their own task every `ttl / 5`, whatever the member is doing (a
+//! handover may wait a minute for the engine); a lease counts as held until `ttl · 2/3` after
+//! the *send* time of its last successful write — the server's expiry is `ttl` after it
+//! *stored* that write, later still, so this member always stops before anyone else can take
+//! the key. Past that point the lease is reported lost and never renewed again — a partition's
+//! straight to the engine (`Lost`), whatever the member task is waiting for. Validity counts
+//! suspended time too ([`convoy_core::transport::clock`]), and a renewal far later than due
+//! gives every lease up. What remains assumed: the server's clock does not step forward by
+//! more than a third of `ttl` (that would expire a lease before this member stops).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,13 +20,16 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Store, UpdateErrorKind};
 use bytes::Bytes;
-use convoy_core::transport::clock::{Renewals, Tick};
-use convoy_core::transport::EventSender;
+use convoy_core::transport::clock::Tick;
+use convoy_core::transport::{EventSender, LeaseTerms, Renewal};
 use convoy_core::{Lease, SourceEvent, SourceId, TransportError};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::nats_error;
+
+/// A key whose lease was lost, with the partition it was for, if it was one.
+pub(super) type LostKey = (String, Option<SourceId>);
 
 struct Held {
     value: Bytes,
@@ -38,9 +42,9 @@ struct Held {
 /// The leases of one member.
 pub(super) struct Leases {
     store: Store,
-    ttl: Duration,
+    terms: LeaseTerms,
     held: Mutex<HashMap<String, Held>>,
-    lost: mpsc::UnboundedSender<String>,
+    lost: mpsc::UnboundedSender<LostKey>,
     events: EventSender,
 }
 
@@ -50,12 +54,12 @@ impl Leases {
     pub fn new(
         store: Store,
         ttl: Duration,
-        lost: mpsc::UnboundedSender<String>,
+        lost: mpsc::UnboundedSender<LostKey>,
         events: EventSender,
     ) -> Self {
         Leases {
             store,
-            ttl,
+            terms: LeaseTerms::new(ttl),
             held: Mutex::default(),
             lost,
             events,
@@ -64,16 +68,6 @@ impl Leases {
 
     fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// How long after a write's send time the lease counts as held.
-    fn valid_for(&self) -> Duration {
-        self.ttl * 2 / 3
-    }
-
-    /// How often leases are renewed.
-    pub fn renew_every(&self) -> Duration {
-        self.ttl / 5
     }
 
     /// True while `key` is held.
@@ -97,7 +91,7 @@ impl Leases {
         let sent = Instant::now();
         match self.store.create(key, value.clone()).await {
             Ok(revision) => {
-                let lease = Lease::new(sent + self.valid_for());
+                let lease = self.terms.lease(sent);
                 self.held().insert(
                     key.to_owned(),
                     Held {
@@ -136,10 +130,10 @@ impl Leases {
         if let Err(e) = self.store.delete_expect_revision(key, Some(held.revision)).await {
             tracing::debug!(key, error = %e, "releasing a lease given up (it expires by itself)");
         }
-        if let Some(source) = held.source {
-            let _ = self.events.control(SourceEvent::Lost(vec![source]));
+        if let Some(source) = &held.source {
+            let _ = self.events.control(SourceEvent::Lost(vec![source.clone()]));
         }
-        let _ = self.lost.send(key.to_owned());
+        let _ = self.lost.send((key.to_owned(), held.source));
     }
 
     /// Ends every lease here now; they stay listed for `give_up` or `release`.
@@ -162,26 +156,25 @@ impl Leases {
             .map(|(k, h)| (k.clone(), h.value.clone(), h.revision, h.lease.clone()))
             .collect();
         let renewals = due.into_iter().map(|(key, value, revision, lease)| async move {
-            let sent = Instant::now();
-            let left = lease.valid_until().saturating_duration_since(sent);
-            let outcome = tokio::time::timeout(left, self.store.update(key.as_str(), value, revision)).await;
-            (key, lease, sent, outcome)
+            let renewal = self
+                .terms
+                .renew(&lease, self.store.update(key.as_str(), value, revision))
+                .await;
+            (key, lease, renewal)
         });
-        for (key, lease, sent, outcome) in futures_util::future::join_all(renewals).await {
-            match outcome {
-                Ok(Ok(revision)) => {
-                    if lease.extend(sent + self.valid_for()) {
-                        if let Some(h) = self.held().get_mut(&key).filter(|h| h.lease == lease) {
-                            h.revision = revision;
-                        }
+        for (key, lease, renewal) in futures_util::future::join_all(renewals).await {
+            match renewal {
+                Renewal::Renewed(revision) => {
+                    if let Some(h) = self.held().get_mut(&key).filter(|h| h.lease == lease) {
+                        h.revision = revision;
                     }
                 }
-                Ok(Err(e)) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                Renewal::Refused(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
                     tracing::warn!(key, "lease taken by another member (it expired here first)");
                     lease.expire();
                 }
-                Ok(Err(e)) => tracing::warn!(key, error = %e, "renewing a lease failed; retrying"),
-                Err(_) => tracing::warn!(key, "renewing a lease timed out"),
+                Renewal::Refused(e) => tracing::warn!(key, error = %e, "renewing a lease failed; retrying"),
+                Renewal::Expired => tracing::warn!(key, "renewing a lease timed out"),
             }
         }
         self.report_expired();
@@ -208,8 +201,8 @@ impl Leases {
             );
             let _ = self.events.control(SourceEvent::Lost(sources));
         }
-        for (key, _) in expired {
-            let _ = self.lost.send(key);
+        for lost in expired {
+            let _ = self.lost.send(lost);
         }
     }
 }
@@ -218,7 +211,7 @@ impl Leases {
 /// that comes later than a third of the lifetime after it was due (the process frozen, the host
 /// suspended) gives every lease up first: the server may have expired them meanwhile.
 pub(super) async fn keep(leases: Arc<Leases>) {
-    let mut renewals = Renewals::new(leases.renew_every(), leases.ttl / 3);
+    let mut renewals = leases.terms.renewals();
     while !leases.lost.is_closed() {
         if let Tick::Late(gap) = renewals.tick().await {
             tracing::warn!(

@@ -1,8 +1,8 @@
 //! The NATS subscription: a member of a consumer group whose leased partitions are convoy
 //! sources.
 //!
-//! By job: `member` joins the group, balances partitions over the live members and hands
-//! partitions over (with the engine's drain and commit in between); `leases` keeps this
+//! By job: `member` joins the group and is what a lock is for convoy-core's balancing loop
+//! (`GroupMember`: fair shares, handovers with the engine's drain and commit in between); `leases` keeps this
 //! member's leases (partitions, presence, extra token) renewed and reports the ones it lost;
 //! `partition` reads one owned partition from its committed watermark on, through a pull
 //! consumer of its own; `control` says what a commit (the watermark, by compare-and-set in the
@@ -132,19 +132,20 @@ impl Transport for NatsTransport {
         let (events, rx) = event_channel(EVENT_CAPACITY);
         // Connect and declare before returning, so a bad address or a mismatching stream is an
         // error of `subscribe`, not a silent retry loop.
-        let (session, watermarks) = member::Session::open(&self.config, events.clone()).await?;
+        let joined = member::join(&self.config, events.clone()).await?;
         let shared = Arc::new(Shared {
             config: self.config.clone(),
             events,
             owned: Mutex::default(),
-            watermarks,
+            watermarks: joined.watermarks.clone(),
             batch: self.fetch_batch(limit),
             pull_bytes: self.fetch_bytes(limit),
             departure: Departure::new(),
-            member: session.me(),
-            leases: session.leases(),
+            member: joined.me,
+            leases: joined.leases.clone(),
         });
-        tokio::spawn(member::run(shared.clone(), session));
+        let member = joined.into_member(shared.clone());
+        tokio::spawn(member::run(shared.clone(), member));
         Ok(Subscription {
             events: rx,
             control: Box::new(MemberControl::new(shared)),

@@ -28,7 +28,8 @@ use async_nats::jetstream::consumer::{AckPolicy, Consumer, DeliverPolicy};
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::Context;
 use async_nats::{StatusCode, Subscriber};
-use convoy_core::transport::EventSender;
+use async_trait::async_trait;
+use convoy_core::transport::{EventSender, PartitionReader};
 use convoy_core::{Lease, Message, SourceId, TransportError};
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::watch;
@@ -87,10 +88,15 @@ impl PartitionTask {
             handle: tokio::spawn(Reader::new(parts).run(stopped)),
         }
     }
+}
+
+#[async_trait]
+impl PartitionReader for PartitionTask {
+    type Stopped = ();
 
     /// Stops reading (a batch waiting for room is dropped: the next owner reads it again from
     /// the watermark) and deletes the consumer.
-    pub async fn stop(self) {
+    async fn stop(self) {
         let _ = self.stop.send(true);
         if let Err(e) = self.handle.await {
             tracing::error!(error = %e, "a NATS partition reader failed");
