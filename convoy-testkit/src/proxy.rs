@@ -5,6 +5,9 @@
 //! sides keep their sockets and hear nothing) until [`Proxy::resume`];
 //! [`Proxy::stall_replies`] stops only what the broker sends, so requests are carried out and
 //! their answers lost (a write whose outcome the client cannot know). Works for any broker.
+//! A proxy started with [`Proxy::start_amqp`] knows AMQP 0-9-1 frames and can also hold back
+//! every answer but the broker's heartbeats ([`Proxy::stall_answers_keep_heartbeats`]): the
+//! client's connection looks alive while none of its calls is ever answered.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -23,6 +26,10 @@ pub struct Proxy {
     stalled: watch::Sender<bool>,
     /// Only the broker-to-client direction stalled.
     replies_stalled: watch::Sender<bool>,
+    /// Only the broker's answers held back, its heartbeats forwarded (AMQP proxies).
+    answers_stalled: watch::Sender<bool>,
+    /// Forwarding AMQP frames one by one.
+    amqp: bool,
     accepted: Arc<AtomicU64>,
     held: Arc<AtomicU64>,
     accept: JoinHandle<()>,
@@ -31,18 +38,30 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on a free loopback port and forwards to `target` (`host:port`).
     pub async fn start(target: &str) -> std::io::Result<Proxy> {
+        Self::start_framed(target, false).await
+    }
+
+    /// As [`start`](Self::start), for an AMQP 0-9-1 broker: what the broker sends is forwarded
+    /// frame by frame, so its heartbeats can pass while its answers are held.
+    pub async fn start_amqp(target: &str) -> std::io::Result<Proxy> {
+        Self::start_framed(target, true).await
+    }
+
+    async fn start_framed(target: &str, amqp: bool) -> std::io::Result<Proxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
         let (generation, _) = watch::channel(0u64);
         let (stalled, _) = watch::channel(false);
         let (replies_stalled, _) = watch::channel(false);
+        let (answers_stalled, _) = watch::channel(false);
         let accepted = Arc::new(AtomicU64::new(0));
         let held = Arc::new(AtomicU64::new(0));
         let accept = {
-            let (generation, stalled, replies_stalled, accepted, held) = (
+            let (generation, stalled, replies_stalled, answers_stalled, accepted, held) = (
                 generation.clone(),
                 stalled.clone(),
                 replies_stalled.clone(),
+                answers_stalled.clone(),
                 accepted.clone(),
                 held.clone(),
             );
@@ -57,6 +76,7 @@ impl Proxy {
                         generation: generation.subscribe(),
                         stalled: stalled.subscribe(),
                         replies_stalled: replies_stalled.subscribe(),
+                        answers_stalled: amqp.then(|| answers_stalled.subscribe()),
                         held: held.clone(),
                     };
                     tokio::spawn(forward(client, link));
@@ -68,6 +88,8 @@ impl Proxy {
             generation,
             stalled,
             replies_stalled,
+            answers_stalled,
+            amqp,
             accepted,
             held,
             accept,
@@ -96,10 +118,22 @@ impl Proxy {
         self.replies_stalled.send_replace(true);
     }
 
+    /// Holds back every frame the broker sends but its heartbeats, closing nothing: the
+    /// client's connection stays alive by every measure it has, and no call of it is answered.
+    /// Only a proxy started with [`start_amqp`](Self::start_amqp) can tell heartbeats apart.
+    pub fn stall_answers_keep_heartbeats(&self) {
+        assert!(
+            self.amqp,
+            "only an AMQP proxy (Proxy::start_amqp) knows heartbeats"
+        );
+        self.answers_stalled.send_replace(true);
+    }
+
     /// Forwards again what a stall held back.
     pub fn resume(&self) {
         self.stalled.send_replace(false);
         self.replies_stalled.send_replace(false);
+        self.answers_stalled.send_replace(false);
     }
 
     /// How many connections the proxy has accepted so far (a reconnect is one more).
@@ -129,6 +163,8 @@ struct Link {
     generation: watch::Receiver<u64>,
     stalled: watch::Receiver<bool>,
     replies_stalled: watch::Receiver<bool>,
+    /// Set for AMQP proxies, which forward the broker's frames one by one.
+    answers_stalled: Option<watch::Receiver<bool>>,
     held: Arc<AtomicU64>,
 }
 
@@ -143,13 +179,21 @@ async fn forward(client: TcpStream, link: Link) {
     let (server_read, server_write) = server.into_split();
     let born = link.born;
     let up = pump(client_read, server_write, &link, link.stalled.clone(), born);
-    let down = pump(
-        server_read,
-        client_write,
-        &link,
-        link.replies_stalled.clone(),
-        born,
-    );
+    let down = async {
+        match link.answers_stalled.clone() {
+            Some(answers) => pump_amqp_frames(server_read, client_write, &link, answers).await,
+            None => {
+                pump(
+                    server_read,
+                    client_write,
+                    &link,
+                    link.replies_stalled.clone(),
+                    born,
+                )
+                .await
+            }
+        }
+    };
     let mut generation = link.generation.clone();
     tokio::select! {
         _ = up => {}
@@ -186,6 +230,62 @@ async fn pump(
         }
         if !resumed || *generation.borrow() != born || to.write_all(&buffer[..read]).await.is_err() {
             return;
+        }
+    }
+}
+
+/// The length of the AMQP 0-9-1 frame at the start of `bytes` (type, channel, payload size,
+/// payload, frame end), once all of it is there.
+fn amqp_frame_len(bytes: &[u8]) -> Option<usize> {
+    let size = u32::from_be_bytes(bytes.get(3..7)?.try_into().ok()?) as usize;
+    let len = 7 + size + 1;
+    (bytes.len() >= len).then_some(len)
+}
+
+/// The AMQP heartbeat frame's type.
+const AMQP_HEARTBEAT: u8 = 8;
+
+/// Copies what an AMQP broker sends, frame by frame: while stalled (both ways or replies) every
+/// frame is held back; while only answers are, heartbeats pass ahead of what is held. What is
+/// held is written, in order, once nothing holds it.
+async fn pump_amqp_frames(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    link: &Link,
+    mut answers: watch::Receiver<bool>,
+) {
+    let (mut stalled, mut replies) = (link.stalled.clone(), link.replies_stalled.clone());
+    let mut buffer = vec![0u8; 64 * 1024];
+    let (mut pending, mut held) = (Vec::new(), Vec::<u8>::new());
+    loop {
+        let (all_held, answers_held) = (*stalled.borrow() || *replies.borrow(), *answers.borrow());
+        if !all_held && !answers_held && !held.is_empty() {
+            link.held.fetch_sub(held.len() as u64, Relaxed);
+            if to.write_all(&held).await.is_err() {
+                return;
+            }
+            held.clear();
+        }
+        while let Some(len) = amqp_frame_len(&pending) {
+            let frame: Vec<u8> = pending.drain(..len).collect();
+            let passes = !all_held && (!answers_held || frame[0] == AMQP_HEARTBEAT);
+            if passes && (held.is_empty() || frame[0] == AMQP_HEARTBEAT) {
+                if to.write_all(&frame).await.is_err() {
+                    return;
+                }
+            } else {
+                link.held.fetch_add(frame.len() as u64, Relaxed);
+                held.extend_from_slice(&frame);
+            }
+        }
+        tokio::select! {
+            read = from.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => pending.extend_from_slice(&buffer[..n]),
+            },
+            changed = stalled.changed() => if changed.is_err() { return },
+            changed = replies.changed() => if changed.is_err() { return },
+            changed = answers.changed() => if changed.is_err() { return },
         }
     }
 }

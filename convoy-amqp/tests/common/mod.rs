@@ -163,7 +163,7 @@ pub async fn behind_proxy(uri: &str, config: &AmqpConfig) -> (convoy_testkit::pr
         .and_then(|(_, rest)| rest.split('/').next())
         .unwrap()
         .to_owned();
-    let proxy = convoy_testkit::proxy::Proxy::start(&broker).await.unwrap();
+    let proxy = convoy_testkit::proxy::Proxy::start_amqp(&broker).await.unwrap();
     let mut through_proxy = config.clone();
     through_proxy.uri = uri.replacen(&broker, &proxy.address(), 1);
     (proxy, through_proxy)

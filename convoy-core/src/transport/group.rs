@@ -179,7 +179,9 @@ impl<L: GroupLocks> GroupMember<L> {
                 self.leave().await;
                 return Ended::Left;
             }
+            // Biased: a loss already known is handled before another balance round starts.
             tokio::select! {
+                biased;
                 _ = departure.asked() => {}
                 loss = self.locks.lost() => match loss {
                     LockLoss::All(why) => {
