@@ -89,6 +89,15 @@ impl BatchSender for KafkaPublisher {
         self.stamp
     }
 
+    /// The idempotent producer numbers each partition's batches and the broker refuses one out
+    /// of sequence, so a failed message fails the partition's later ones with it: a batch needs
+    /// no rounds. The one gap left: a message that exhausts `message.timeout.ms` (5 minutes)
+    /// while a later one gets through; the librdkafka property `enable.gapless.guarantee=true`
+    /// makes that a fatal producer error instead.
+    fn orders_on_failure(&self) -> bool {
+        true
+    }
+
     /// Enqueues every message before awaiting any confirmation: librdkafka keeps enqueue order
     /// per partition (and, being idempotent, across retries), so per-key order holds.
     async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Receipt>, TransportError> {

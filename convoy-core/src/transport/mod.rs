@@ -266,7 +266,11 @@ pub trait Publisher: Send + Sync + 'static {
     async fn publish(&self, message: OutgoingMessage) -> Result<Receipt, TransportError>;
 
     /// Publishes messages in order, pipelined where the broker allows, and returns once every
-    /// one is confirmed. Messages of one key keep their order. The default sends one at a time.
+    /// one is confirmed. Messages of one key keep their order, also when one fails: no message
+    /// is stored after an earlier message of its key that was not (brokers confirming each
+    /// message on its own get the batch in rounds, see [`BatchSender`]). On an error, publish
+    /// the batch again: what was stored comes again as a duplicate (skipped by its event id),
+    /// in order. The default sends one at a time.
     async fn publish_all(&self, messages: Vec<OutgoingMessage>) -> Result<Vec<Receipt>, TransportError> {
         let mut receipts = Vec::with_capacity(messages.len());
         for message in messages {
