@@ -1,6 +1,6 @@
 //! A nats-server killed (`kill -9`) and restarted twice while an engine consumes and a producer
 //! publishes: the client reconnects by itself, leases that could not be renewed in time are
-//! reported lost and taken again, and each partition is read again from its committed
+//! reported lost and taken again (taken back where the server still held them), and each partition is read again from its committed
 //! watermark. Nothing is lost, no key's order is violated; JetStream's file storage keeps the
 //! streams, the watermarks and the published messages across the crashes. The server is a
 //! private one (its own port and store directory), started and killed by this test by its PID:
@@ -45,12 +45,17 @@ async fn a_server_killed_and_restarted_twice_loses_nothing() {
     .await;
     // The stream stores a batch re-sent after a lost acknowledgement once (same event ids).
     let publisher = NatsPublisher::new(&config, &topic);
-    // Restarted at once the first time, and the second time after an outage longer than a lease
-    // lasts, so the member loses its partitions and takes them again.
-    let long_outage = config.lease_ttl() + Duration::from_secs(1);
+    // The first outage outlasts a lease's validity on the member (2/3 of its lifetime) but not
+    // its lifetime on the server: the member loses its partitions while the server still holds
+    // its leases, and takes them back. The second outlasts the lifetime: the server expired
+    // them, and the member takes them anew.
+    let outages = [
+        config.lease_ttl() * 5 / 6,
+        config.lease_ttl() + Duration::from_secs(1),
+    ];
     restarts::publish_through_two_crashes(engine, &publisher, restarts::Ids::Stable, &checker, |crash| {
         server.kill();
-        std::thread::sleep(if crash == 0 { Duration::ZERO } else { long_outage });
+        std::thread::sleep(outages[crash]);
         server.restart().unwrap();
     })
     .await;

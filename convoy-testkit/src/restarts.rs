@@ -44,7 +44,9 @@ pub enum Ids {
 
 /// Publishes 12 chunks of 200 probe messages over 20 keys, with `ids`. After the 4th and the 8th
 /// chunk, once half of what was published is handled, calls `crash(0)` and `crash(1)` (on a
-/// blocking section: they kill the broker and bring it back). Then waits for everything,
+/// blocking section: they kill the broker and bring it back), and measures the time to recover:
+/// from the broker's return until the next chunk, published then, was handled with everything
+/// before it (printed with the outcome). Then waits for everything,
 /// stops `engine` and asserts that every message was handled, in per-key order.
 pub async fn publish_through_two_crashes(
     engine: EngineHandle,
@@ -54,6 +56,7 @@ pub async fn publish_through_two_crashes(
     mut crash: impl FnMut(usize),
 ) {
     let mut crashes = 0;
+    let (mut recovered, mut back) = (Vec::new(), None::<tokio::time::Instant>);
     for chunk in 0..CHUNKS {
         let batch: Vec<OutgoingMessage> = probe_batch(checker, "key-", KEYS, chunk * PER_CHUNK, PER_CHUNK, 0)
             .into_iter()
@@ -70,6 +73,17 @@ pub async fn publish_through_two_crashes(
             })
             .collect();
         publish_until_accepted(publisher, batch).await;
+        if let Some(back) = back.take() {
+            // The first chunk after a restart: the time to recover is until it was handled
+            // (and everything before it), from the broker's return.
+            let published = checker.published();
+            assert!(
+                checker.wait_for(LIMIT, |c| c.finished() >= published).await,
+                "the chunk after crash {crashes} was not handled: {:?}",
+                checker.report()
+            );
+            recovered.push(back.elapsed());
+        }
         if CRASH_AFTER.contains(&chunk) {
             let target = checker.published() / 2;
             assert!(
@@ -78,6 +92,7 @@ pub async fn publish_through_two_crashes(
                 checker.report()
             );
             tokio::task::block_in_place(|| crash(crashes));
+            back = Some(tokio::time::Instant::now());
             crashes += 1;
         }
     }
@@ -89,7 +104,7 @@ pub async fn publish_through_two_crashes(
     stop(engine).await;
     let report = checker.report();
     println!(
-        "broker restarts: {crashes}, published {}, finished {}, redelivered duplicates {}, lost {}, violations {}",
+        "broker restarts: {crashes}, recovered {recovered:.2?} after each restart, published {}, finished {}, redelivered duplicates {}, lost {}, violations {}",
         report.published, report.finished, report.duplicates, report.lost, report.order_violations
     );
     assert!(report.is_clean(), "{report:#?}");

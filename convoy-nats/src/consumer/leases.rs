@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_nats::jetstream::kv::{CreateErrorKind, Store, UpdateErrorKind};
+use async_nats::jetstream::kv::{CreateErrorKind, Operation, Store, UpdateErrorKind};
 use bytes::Bytes;
 use convoy_core::transport::clock::Tick;
 use convoy_core::transport::{EventSender, LeaseTerms, Renewal};
@@ -32,7 +32,6 @@ use crate::error::nats_error;
 pub(super) type LostKey = (String, Option<SourceId>);
 
 struct Held {
-    value: Bytes,
     revision: u64,
     lease: Lease,
     /// The partition the lease is for, if it is one.
@@ -42,6 +41,8 @@ struct Held {
 /// The leases of one member.
 pub(super) struct Leases {
     store: Store,
+    /// What this member writes in every key it holds: its id.
+    owner: Bytes,
     terms: LeaseTerms,
     held: Mutex<HashMap<String, Held>>,
     lost: mpsc::UnboundedSender<LostKey>,
@@ -49,16 +50,18 @@ pub(super) struct Leases {
 }
 
 impl Leases {
-    /// Leases in `store` (expiring after `ttl`); keys lost are sent to `lost`, and the
+    /// Member `me`'s leases in `store` (expiring after `ttl`); keys lost are sent to `lost`, and the
     /// partitions among them to the engine through `events`.
     pub fn new(
         store: Store,
+        me: u64,
         ttl: Duration,
         lost: mpsc::UnboundedSender<LostKey>,
         events: EventSender,
     ) -> Self {
         Leases {
             store,
+            owner: Bytes::from(format!("{me:016x}")),
             terms: LeaseTerms::new(ttl),
             held: Mutex::default(),
             lost,
@@ -82,20 +85,29 @@ impl Leases {
 
     /// Takes `key` if nobody holds it: its lease, or `None` when it is someone else's. The lease
     /// of a partition names its `source`.
+    ///
+    /// A key whose entry is still this member's own — a lease it lost here (the server was
+    /// away longer than the lease's validity here, shorter than its lifetime there) — is taken
+    /// back by compare-and-set on that entry's revision: nobody can have written it since, and
+    /// waiting for the server to expire it left partitions idle for most of a lease's lifetime
+    /// after a server restart.
     pub async fn acquire(
         &self,
         key: &str,
-        value: Bytes,
         source: Option<SourceId>,
     ) -> Result<Option<Lease>, TransportError> {
         let sent = Instant::now();
-        match self.store.create(key, value.clone()).await {
-            Ok(revision) => {
+        let written = match self.store.create(key, self.owner.clone()).await {
+            Ok(revision) => Some(revision),
+            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => self.take_back(key).await?,
+            Err(e) => return Err(nats_error(&format!("taking the lease {key}"), e)),
+        };
+        match written {
+            Some(revision) => {
                 let lease = self.terms.lease(sent);
                 self.held().insert(
                     key.to_owned(),
                     Held {
-                        value,
                         revision,
                         lease: lease.clone(),
                         source,
@@ -103,8 +115,31 @@ impl Leases {
                 );
                 Ok(Some(lease))
             }
-            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(None),
-            Err(e) => Err(nats_error(&format!("taking the lease {key}"), e)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes `key` again if its entry is this member's own (the revision written), `None` when
+    /// it is someone else's or changed meanwhile.
+    async fn take_back(&self, key: &str) -> Result<Option<u64>, TransportError> {
+        let entry = self
+            .store
+            .entry(key)
+            .await
+            .map_err(|e| nats_error(&format!("reading the lease {key}"), e))?;
+        let Some(entry) = entry.filter(|e| e.operation == Operation::Put && e.value == self.owner) else {
+            return Ok(None);
+        };
+        match self.store.update(key, self.owner.clone(), entry.revision).await {
+            Ok(revision) => {
+                tracing::info!(
+                    key,
+                    "took back a lease of this member's that the server still held"
+                );
+                Ok(Some(revision))
+            }
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(e) => Err(nats_error(&format!("taking back the lease {key}"), e)),
         }
     }
 
@@ -153,7 +188,7 @@ impl Leases {
         let due: Vec<(String, Bytes, u64, Lease)> = self
             .held()
             .iter()
-            .map(|(k, h)| (k.clone(), h.value.clone(), h.revision, h.lease.clone()))
+            .map(|(k, h)| (k.clone(), self.owner.clone(), h.revision, h.lease.clone()))
             .collect();
         let renewals = due.into_iter().map(|(key, value, revision, lease)| async move {
             let renewal = self

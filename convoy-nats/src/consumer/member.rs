@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Operation, Store, UpdateErrorKind};
 use async_trait::async_trait;
-use bytes::Bytes;
 use convoy_core::transport::{Ended, EventSender, GroupLocks, GroupMember, LockLoss, MemberTiming};
 use convoy_core::{Assignment, Lease, Offset, SourceEvent, SourceId, TransportError};
 use futures_util::StreamExt;
@@ -95,8 +94,14 @@ async fn join_once(
     }
     let buckets = topology::declare_buckets(&connected.js, config).await?;
     let (lost_tx, lost) = mpsc::unbounded_channel();
-    let leases = Arc::new(Leases::new(buckets.leases, config.lease_ttl(), lost_tx, events));
     let me = fastrand::u64(..);
+    let leases = Arc::new(Leases::new(
+        buckets.leases,
+        me,
+        config.lease_ttl(),
+        lost_tx,
+        events,
+    ));
     announce(&leases, me).await?;
     Ok(Joined {
         connected,
@@ -111,8 +116,7 @@ async fn join_once(
 async fn announce(leases: &Leases, me: u64) -> Result<(), TransportError> {
     let key = topology::member_key(me);
     if !leases.holds(&key) {
-        // `None`: our own key from before it was lost locally; it expires soon.
-        leases.acquire(&key, Bytes::from_static(b"member"), None).await?;
+        leases.acquire(&key, None).await?;
     }
     Ok(())
 }
@@ -277,8 +281,7 @@ impl GroupLocks for Locks {
 
     async fn take_token(&mut self, j: u32) -> Result<bool, TransportError> {
         let key = topology::token_key(j);
-        let token = self.leases.acquire(&key, Bytes::from_static(b"token"), None);
-        Ok(token.await?.is_some())
+        Ok(self.leases.acquire(&key, None).await?.is_some())
     }
 
     async fn release_token(&mut self, j: u32) -> Result<(), TransportError> {
@@ -288,10 +291,8 @@ impl GroupLocks for Locks {
 
     async fn take(&mut self, source: &SourceId) -> Result<Option<Lease>, TransportError> {
         let (topic, p) = topic_partition(source);
-        let value = Bytes::from(format!("{:016x}", self.me));
-        self.leases
-            .acquire(&topology::partition_key(topic, p), value, Some(source.clone()))
-            .await
+        let key = topology::partition_key(topic, p);
+        self.leases.acquire(&key, Some(source.clone())).await
     }
 
     async fn open(&self, source: &SourceId, _: &Lease) -> Result<Start, TransportError> {
