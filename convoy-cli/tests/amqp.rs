@@ -5,6 +5,10 @@
 
 mod scenarios;
 
+use std::sync::Arc;
+
+use convoy_testkit::nodes::{rabbitmq::RabbitNode, NodeError};
+use scenarios::failover::{failover, Producer};
 use scenarios::{unique, CleanUp};
 
 fn uri() -> Option<String> {
@@ -64,4 +68,54 @@ async fn consumer_processes_join_leave_and_survive_kill_9() {
     );
     let _clean = CleanUp(url.clone(), topic.clone());
     scenarios::processes::join_leave_and_survive_kill_9(&url, &topic).await;
+}
+
+/// The crash loop of issue 25 with a foreign producer: pika publishing without any stamp (no
+/// event id, no `message_id`: nothing identifies a redelivery) to a private RabbitMQ node, and
+/// two `convoy consume` members; ten members killed with SIGKILL (each replaced) and the node
+/// killed with SIGKILL and restarted twice, mid-stream. Every confirmed message is handled, in
+/// per-key order (scenarios/failover.rs asserts it), and each fault's time to recover is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_under_a_foreign_producer_loses_nothing() {
+    let (Some(_), Some(python)) = (uri(), scenarios::python()) else {
+        return;
+    };
+    let node = match tokio::task::spawn_blocking(RabbitNode::start).await.unwrap() {
+        Ok(node) => Arc::new(node),
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let topic = unique("crashloop");
+    let url = format!(
+        "{}?group={}&topics={topic}&partitions=4&heartbeat=3&balance_interval_ms=100",
+        node.uri(),
+        unique("crashloop-group")
+    );
+    let pika = vec![
+        python,
+        scenarios::interop_script("pika_rounds.py"),
+        node.uri(),
+        topic.clone(),
+        "4".to_owned(),
+    ];
+    // The node outlives the faults: the load's end still needs it.
+    let broker = node.clone();
+    let report = failover(&url, &topic, Producer::Foreign(pika), move |progress| {
+        for fault in 0..12 {
+            if fault == 3 || fault == 8 {
+                progress.fault("the RabbitMQ node killed (SIGKILL) and restarted", || {
+                    broker.kill();
+                    broker.boot().unwrap();
+                });
+            } else {
+                progress.fault("a member killed (SIGKILL) and replaced", || {
+                    progress.kill_a_member()
+                });
+            }
+            progress.let_flow(200);
+        }
+    })
+    .await;
+    drop(node);
+    assert_eq!(report.faults.len(), 12);
 }

@@ -25,7 +25,7 @@ use convoy_testkit::nodes::nats::NatsCluster;
 use convoy_testkit::nodes::rabbitmq::RabbitCluster;
 use convoy_testkit::nodes::NodeError;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use scenarios::failover::failover;
+use scenarios::failover::{failover, Producer};
 use scenarios::unique;
 
 const PARTITIONS: u32 = 6;
@@ -94,7 +94,7 @@ async fn kafka_loses_its_busiest_leader_then_rolls_all_three_nodes() {
         unique("failover-group")
     );
     let cluster = nodes.clone();
-    let report = failover(&url, &topic.clone(), move |progress| {
+    let report = failover(&url, &topic.clone(), Producer::Convoy, move |progress| {
         let with_node = |id: u32, act: &mut dyn FnMut(&mut convoy_testkit::nodes::kafka::KafkaNode)| {
             act(cluster.lock().unwrap().node(id).unwrap());
         };
@@ -143,7 +143,7 @@ async fn rabbitmq_loses_the_node_leading_the_partition_queues() {
         unique("failover-group")
     );
     let cluster = nodes.clone();
-    let report = failover(&url, &topic.clone(), move |progress| {
+    let report = failover(&url, &topic.clone(), Producer::Convoy, move |progress| {
         let cluster = cluster.lock().unwrap();
         let members = cluster.nodes[0]
             .ctl(&["list_queues", "name", "members", "--quiet", "--no-table-headers"])
@@ -206,7 +206,7 @@ async fn nats_loses_the_stream_leader() {
     // A topic name of letters, digits and dashes is its stream's name.
     let stream = topic.clone();
     let cluster = nodes.clone();
-    let report = failover(&url, &topic.clone(), move |progress| {
+    let report = failover(&url, &topic.clone(), Producer::Convoy, move |progress| {
         let mut cluster = cluster.lock().unwrap();
         let leader = cluster.stream_leader(&stream).expect("the stream has a leader");
         progress.fault(

@@ -8,6 +8,10 @@ mod scenarios;
 
 use std::time::Duration;
 
+use std::sync::{Arc, Mutex};
+
+use convoy_testkit::nodes::{nats::NatsServer, NodeError};
+use scenarios::failover::{failover, Producer};
 use scenarios::{unique, CleanUp};
 
 /// Leases of these tests: short, so takeovers are quick.
@@ -85,4 +89,54 @@ async fn a_member_frozen_past_its_leases_handles_nothing_after_thawing() {
     let url = url(&server, &unique("frozen-group"), &topic);
     let _clean = CleanUp(url.clone(), topic.clone());
     scenarios::processes::a_frozen_member_handles_nothing_after_its_lease(&url, &topic, LEASE).await;
+}
+
+/// The crash loop of issue 25 with a foreign producer: nats-py publishing without any stamp (no
+/// event id, no `Nats-Msg-Id`: a re-sent message is stored twice) to a private nats-server, and
+/// two `convoy consume` members; ten members killed with SIGKILL (each replaced; its leases
+/// expire on the server) and the server killed with SIGKILL and restarted twice, mid-stream.
+/// Every confirmed message is handled, in per-key order (scenarios/failover.rs asserts it), and
+/// each fault's time to recover is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_under_a_foreign_producer_loses_nothing() {
+    let (Some(_), Some(python)) = (server(), scenarios::python()) else {
+        return;
+    };
+    let server = match tokio::task::spawn_blocking(NatsServer::start).await.unwrap() {
+        Ok(server) => server,
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let address = server.address();
+    let server = Arc::new(Mutex::new(server));
+    let topic = unique("crashloop");
+    let url = url(&format!("nats://{address}"), &unique("crashloop-group"), &topic);
+    let nats_py = vec![
+        python,
+        scenarios::interop_script("nats_rounds.py"),
+        format!("nats://{address}"),
+        topic.clone(),
+        "4".to_owned(),
+    ];
+    // The server outlives the faults: the load's end still needs it.
+    let broker = server.clone();
+    let report = failover(&url, &topic, Producer::Foreign(nats_py), move |progress| {
+        for fault in 0..12 {
+            if fault == 3 || fault == 8 {
+                progress.fault("the NATS server killed (SIGKILL) and restarted", || {
+                    let mut server = broker.lock().unwrap();
+                    server.kill();
+                    server.restart().unwrap();
+                });
+            } else {
+                progress.fault("a member killed (SIGKILL) and replaced", || {
+                    progress.kill_a_member()
+                });
+            }
+            progress.let_flow(200);
+        }
+    })
+    .await;
+    drop(server);
+    assert_eq!(report.faults.len(), 12);
 }

@@ -1,8 +1,9 @@
-//! A cluster losing nodes under load, the same on every broker: a producer publishing in
-//! confirmed rounds (each key once per round, stamped once, and a round that fails published
-//! again — so a key's messages are never reordered and a re-sent round is recognised as
-//! duplicates), two `convoy consume` processes of one group appending to one log, and the
-//! broker's faults run mid-stream by the caller. Every confirmed message must be handled, in
+//! A broker losing nodes, and members killed, under load, the same on every broker: a producer
+//! publishing in confirmed rounds (each key once per round, and a round that fails published
+//! again — so a key's messages are never reordered), two `convoy consume` processes of one
+//! group appending to one log, and the faults run mid-stream by the caller. The producer is
+//! convoy's (a round stamped once, so a re-sent round is recognised as duplicates) or a
+//! foreign one (a Python client sending no stamps: a re-sent round is handled again). Every confirmed message must be handled, in
 //! per-key order; what each fault cost is reported as its time to recover (from the end of the
 //! fault's action — a kill is instant, a controlled shutdown or a restart takes seconds — until
 //! everything confirmed before the fault, and a round more, was handled) and the longest pauses
@@ -11,6 +12,7 @@
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,11 +79,23 @@ pub struct Fault {
     pub recovered_after: Duration,
 }
 
+/// Who publishes the load.
+pub enum Producer {
+    /// convoy's publisher, on the scenario's URL.
+    Convoy,
+    /// A foreign client's program (`scripts/interop/*_rounds.py`) with its first arguments
+    /// (broker address, topic, partitions); the scenario adds the keys per round, the pause
+    /// between rounds and a stop file, and counts each `round <n>` it prints as confirmed.
+    Foreign(Vec<String>),
+}
+
 /// What a fault closure can do while the load runs.
 pub struct Progress {
     checker: Arc<OrderChecker>,
     handled: Mutex<Handled>,
     faults: Mutex<Vec<Fault>>,
+    url: String,
+    members: Mutex<Vec<Member>>,
 }
 
 impl Progress {
@@ -99,6 +113,15 @@ impl Progress {
             assert!(Instant::now() < deadline, "handling stalled below {want}");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Kills the longest-running member with SIGKILL (no drain, no commit, no leave) and starts
+    /// a new one in its place.
+    pub fn kill_a_member(&self) {
+        let log = self.handled.lock().unwrap().file.clone();
+        let mut members = self.members.lock().unwrap();
+        drop(members.remove(0)); // SIGKILL
+        members.push(Member::start(&self.url, &log));
     }
 
     /// Runs `fault` (named `what`), then blocks until the cluster recovered from it: everything
@@ -149,16 +172,17 @@ pub struct FailoverReport {
     pub longest_publish_pause: Duration,
 }
 
-/// Runs the load on `url` (naming the group, the topic and the broker's nodes), calls `faults`
-/// on a thread of its own once the load flows, and checks the outcome when it returns.
+/// Runs the load on `url` (naming the group, the topic and the broker's nodes) from `producer`,
+/// calls `faults` on a thread of its own once the load flows, and checks the outcome when it
+/// returns.
 pub async fn failover(
     url: &str,
     topic: &str,
+    producer: Producer,
     faults: impl FnOnce(&Progress) + Send + 'static,
 ) -> FailoverReport {
     let connection = convoy::connect(url).await.unwrap();
     connection.create_topics().await.unwrap();
-    let publisher = connection.publisher(topic).unwrap();
     let log = Log::new(topic);
     let checker = Arc::new(OrderChecker::new());
     let progress = Arc::new(Progress {
@@ -171,12 +195,48 @@ pub async fn failover(
             samples: Vec::new(),
         }),
         faults: Mutex::default(),
+        url: url.to_owned(),
+        members: Mutex::new(vec![Member::start(url, &log.0), Member::start(url, &log.0)]),
     });
-    let members = [Member::start(url, &log.0), Member::start(url, &log.0)];
 
     let stop = Arc::new(AtomicBool::new(false));
     let confirms = Arc::new(Mutex::new(Vec::<Instant>::new()));
-    let producer = {
+    let producer = match producer {
+        Producer::Convoy => convoy_producer(connection.publisher(topic).unwrap(), &checker, &stop, &confirms),
+        Producer::Foreign(command) => foreign_producer(command, &log.0, &checker, &stop, &confirms),
+    };
+
+    let run = {
+        let progress = progress.clone();
+        tokio::task::spawn_blocking(move || {
+            progress.let_flow(KEYS * 20);
+            faults(&progress);
+            progress.let_flow(KEYS * 20);
+        })
+    };
+    let outcome = run.await;
+    stop.store(true, SeqCst);
+    producer.await.unwrap();
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+    let confirmed = checker.published() as usize;
+    tokio::task::block_in_place(|| log.wait_handled(confirmed));
+    let members = std::mem::take(&mut *progress.members.lock().unwrap());
+    for member in members {
+        assert!(member.leave(), "a member did not leave cleanly");
+    }
+    report(&progress, &checker, &confirms)
+}
+
+/// convoy's publisher sending rounds until `stop`.
+fn convoy_producer(
+    publisher: Arc<dyn convoy::Publisher>,
+    checker: &Arc<OrderChecker>,
+    stop: &Arc<AtomicBool>,
+    confirms: &Arc<Mutex<Vec<Instant>>>,
+) -> tokio::task::JoinHandle<()> {
+    {
         let (stop, confirms, checker) = (stop.clone(), confirms.clone(), checker.clone());
         tokio::spawn(async move {
             let mut round = 0;
@@ -197,28 +257,57 @@ pub async fn failover(
                 tokio::time::sleep(ROUND_PAUSE).await;
             }
         })
-    };
-
-    let run = {
-        let progress = progress.clone();
-        tokio::task::spawn_blocking(move || {
-            progress.let_flow(KEYS * 20);
-            faults(&progress);
-            progress.let_flow(KEYS * 20);
-        })
-    };
-    let outcome = run.await;
-    stop.store(true, SeqCst);
-    producer.await.unwrap();
-    if let Err(e) = outcome {
-        std::panic::resume_unwind(e.into_panic());
     }
-    let confirmed = checker.published() as usize;
-    tokio::task::block_in_place(|| log.wait_handled(confirmed));
-    for member in members {
-        assert!(member.leave(), "a member did not leave cleanly");
-    }
+}
 
+/// A foreign producer's program sending rounds until `stop`: every `round <n>` it prints is a
+/// round of `KEYS` messages confirmed; it stops between rounds once its stop file exists.
+fn foreign_producer(
+    mut command: Vec<String>,
+    log: &std::path::Path,
+    checker: &Arc<OrderChecker>,
+    stop: &Arc<AtomicBool>,
+    confirms: &Arc<Mutex<Vec<Instant>>>,
+) -> tokio::task::JoinHandle<()> {
+    let stop_file = log.with_extension("producer-stop");
+    let _ = std::fs::remove_file(&stop_file);
+    command.extend([
+        KEYS.to_string(),
+        ROUND_PAUSE.as_millis().to_string(),
+        stop_file.display().to_string(),
+    ]);
+    let mut child = Command::new(&command[0])
+        .args(&command[1..])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting the foreign producer {command:?}: {e}"));
+    let stdout = child.stdout.take().unwrap();
+    let (stop, confirms, checker) = (stop.clone(), confirms.clone(), checker.clone());
+    tokio::task::spawn_blocking(move || {
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("round ") {
+                    for k in 0..KEYS {
+                        checker.expect(&bytes::Bytes::from(format!("key-{k}")));
+                    }
+                    confirms.lock().unwrap().push(Instant::now());
+                }
+            }
+        });
+        while !stop.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::fs::write(&stop_file, b"stop").unwrap();
+        let status = child.wait().unwrap();
+        reader.join().unwrap();
+        let _ = std::fs::remove_file(&stop_file);
+        assert!(status.success(), "the foreign producer failed: {status}");
+    })
+}
+
+/// Replays the log through the checker, reports the run and asserts its outcome.
+fn report(progress: &Progress, checker: &OrderChecker, confirms: &Mutex<Vec<Instant>>) -> FailoverReport {
     let mut handled = progress.handled.lock().unwrap();
     handled.read();
     for (key, seq) in &handled.lines {

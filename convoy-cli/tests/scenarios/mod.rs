@@ -1,7 +1,8 @@
 //! Scenarios of the `convoy` binary against a real broker, run by each broker's test file with
 //! its URL: dead-letter replay end to end, the benchmark, consume with Prometheus metrics,
 //! escaped output lines and a drain aborted by a second Ctrl-C; consumer processes joining,
-//! leaving and killed (`processes`); a cluster losing nodes under load (`failover`).
+//! leaving and killed (`processes`); a cluster losing nodes, or a broker restarted and members
+//! killed, under load from convoy's publisher or a foreign one (`failover`).
 
 #![allow(clippy::unwrap_used, dead_code)] // shared by several test crates, each using a part
 
@@ -33,6 +34,20 @@ impl Drop for CleanUp {
             }
         });
     }
+}
+
+/// The interpreter of the interop virtualenv (`CONVOY_PYTHON`; scripts/test sets it).
+pub fn python() -> Option<String> {
+    let python = std::env::var("CONVOY_PYTHON").ok().filter(|p| !p.is_empty());
+    if python.is_none() {
+        eprintln!("CONVOY_PYTHON is not set: skipping (scripts/test sets it)");
+    }
+    python
+}
+
+/// The path of a script in `scripts/interop/`.
+pub fn interop_script(name: &str) -> String {
+    format!("{}/../scripts/interop/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 pub fn convoy(args: &[&str]) -> Output {
