@@ -1,12 +1,14 @@
 //! Broker administration the tools need: reachability, topic creation, reading a topic from
 //! its beginning (for dead-letter inspection) — without joining a consumer group.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use convoy_core::{Message, TransportError};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 
@@ -23,20 +25,98 @@ fn consumer(config: &KafkaConfig, group: &str) -> Result<BaseConsumer, Transport
         .map_err(|e| TransportError::broker("creating a Kafka consumer", e))
 }
 
-/// Checks that a broker answers a metadata request within [`REACH_TIMEOUT`].
-pub async fn check_reachable(config: &KafkaConfig) -> Result<(), TransportError> {
-    let probe = consumer(config, "convoy-reachability")?;
-    let servers = config.bootstrap_servers.clone();
-    tokio::task::spawn_blocking(move || probe.fetch_metadata(None, REACH_TIMEOUT).map(|_| ()))
-        .await
-        .map_err(|_| TransportError::Closed)?
-        .map_err(|e| {
-            TransportError::Unavailable(format!(
-                "no Kafka broker answered at {servers} within {} s ({e}); is it running and is the address right?",
-                REACH_TIMEOUT.as_secs()
-            ))
-        })
+/// What the reachability probe heard from librdkafka besides its answers: a refused SASL login
+/// or a failed TLS handshake never reaches a metadata call, which only times out. The error's
+/// code comes from polling the probe; librdkafka's words for it, from its log.
+#[derive(Default)]
+struct ProbeContext {
+    last_complaint: Mutex<Option<String>>,
 }
+
+impl ClientContext for ProbeContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        if (level as i32) <= (RDKafkaLogLevel::Warning as i32) {
+            *self.last_complaint.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.to_owned());
+        }
+        tracing::debug!(facility = fac, "librdkafka: {message}");
+    }
+}
+
+impl ConsumerContext for ProbeContext {}
+
+impl ProbeContext {
+    fn last_complaint(&self) -> Option<String> {
+        self.last_complaint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// A refused login or a failed TLS handshake: no retry can fix either, so the probe says what to
+/// check at once instead of waiting out [`REACH_TIMEOUT`].
+fn refusal(code: RDKafkaErrorCode, reason: &str, servers: &str) -> Option<TransportError> {
+    match code {
+        RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed => {
+            Some(TransportError::Fatal(format!(
+                "Kafka at {servers} refused the login: {reason} — check sasl.mechanisms, \
+                 sasl.username and sasl.password"
+            )))
+        }
+        RDKafkaErrorCode::SSL => Some(TransportError::Fatal(format!(
+            "the TLS handshake with Kafka at {servers} failed: {reason} — check \
+             security.protocol, and ssl.ca.location for a broker whose certificate a private CA signed"
+        ))),
+        _ => None,
+    }
+}
+
+/// Checks that a broker answers a metadata request within [`REACH_TIMEOUT`]. A login the broker
+/// refuses or a TLS handshake that fails ends the check at once, as a fatal error saying which
+/// settings to check.
+pub async fn check_reachable(config: &KafkaConfig) -> Result<(), TransportError> {
+    let mut c: ClientConfig = config.consumer_config();
+    c.set("group.id", "convoy-reachability");
+    let probe: BaseConsumer<ProbeContext> = c
+        .create_with_context(ProbeContext::default())
+        .map_err(|e| TransportError::broker("creating a Kafka consumer", e))?;
+    let servers = config.bootstrap_servers.clone();
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        loop {
+            let answer = probe.fetch_metadata(None, REACH_STEP);
+            // Errors the client raised meanwhile (a refused login, a failed handshake).
+            while let Some(event) = probe.poll(Duration::ZERO) {
+                let Err(e) = event else { continue };
+                let Some(code) = e.rdkafka_error_code() else { continue };
+                let reason = probe.context().last_complaint().unwrap_or_else(|| e.to_string());
+                if let Some(refused) = refusal(code, &reason, &servers) {
+                    return Err(refused);
+                }
+            }
+            match answer {
+                Ok(_) => return Ok(()),
+                Err(_) if started.elapsed() < REACH_TIMEOUT => {}
+                Err(e) => {
+                    let heard = probe
+                        .context()
+                        .last_complaint()
+                        .map(|said| format!("; the client last said: {said}"))
+                        .unwrap_or_default();
+                    return Err(TransportError::Unavailable(format!(
+                        "no Kafka broker answered at {servers} within {} s ({e}{heard}); is it running and is the address right?",
+                        REACH_TIMEOUT.as_secs()
+                    )));
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|_| TransportError::Closed)?
+}
+
+/// How long each metadata request of the reachability check waits.
+const REACH_STEP: Duration = Duration::from_millis(500);
 
 /// Creates topics that do not exist yet (`(name, partitions)`) with the broker's default
 /// replication factor; existing ones are left alone.

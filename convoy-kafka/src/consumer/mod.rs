@@ -145,6 +145,9 @@ impl KafkaTransport {
     /// How many partitions the subscribed topics have now (at least one): the most this
     /// member can own, over which the prefetch budget is divided.
     async fn partition_count(&self) -> Result<usize, TransportError> {
+        // First the reachability check: a refused login or a failed TLS handshake is reported
+        // as such (fatal, naming the settings) instead of as a metadata request timing out.
+        crate::admin::check_reachable(&self.config).await?;
         let probe: BaseConsumer = self
             .config
             .consumer_config()

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use super::tls::{TestCa, STORE_PASSWORD};
 use super::{fresh_dir, port_open, remove_dir, tail, wait_until, NodeError};
 use crate::support::free_port;
 
@@ -169,6 +170,107 @@ impl Drop for KafkaNode {
     fn drop(&mut self) {
         self.kill();
         remove_dir(&self.dir);
+    }
+}
+
+/// The SASL mechanism of a secured node's listener.
+pub const SCRAM: &str = "SCRAM-SHA-512";
+
+/// One private node with a `SASL_SSL` listener beside its plaintext one: TLS with a test CA's
+/// server certificate, SASL SCRAM-SHA-512 with the users it was formatted with.
+pub struct SecuredKafka {
+    /// The node (its plaintext listener is [`KafkaNode::address`]).
+    pub node: KafkaNode,
+    sasl_ssl_port: u16,
+}
+
+impl SecuredKafka {
+    /// Formats and starts the node; `ca` signs its certificate, `users` are (name, password).
+    pub fn start(ca: &TestCa, users: &[(&str, &str)]) -> Result<SecuredKafka, NodeError> {
+        let home = home()?;
+        let port = || free_port().map_err(|e| NodeError::failed("finding a free port for Kafka", e));
+        let (plain, secure, controller) = (port()?, port()?, port()?);
+        let dir = fresh_dir(&format!("kafka-{}", super::unique("secured")))?;
+        std::fs::create_dir_all(dir.join("logs"))
+            .map_err(|e| NodeError::failed("creating the node's log directory", e))?;
+        let properties = format!(
+            "process.roles=broker,controller\n\
+             node.id=1\n\
+             controller.quorum.voters=1@127.0.0.1:{controller}\n\
+             listeners=PLAINTEXT://127.0.0.1:{plain},SASL_SSL://127.0.0.1:{secure},CONTROLLER://127.0.0.1:{controller}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{plain},SASL_SSL://127.0.0.1:{secure}\n\
+             inter.broker.listener.name=PLAINTEXT\n\
+             controller.listener.names=CONTROLLER\n\
+             listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL\n\
+             sasl.enabled.mechanisms={SCRAM}\n\
+             listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;\n\
+             ssl.keystore.type=PKCS12\n\
+             ssl.keystore.location={store}\n\
+             ssl.keystore.password={STORE_PASSWORD}\n\
+             ssl.key.password={STORE_PASSWORD}\n\
+             log.dirs={data}\n\
+             offsets.topic.replication.factor=1\n\
+             transaction.state.log.replication.factor=1\n\
+             transaction.state.log.min.isr=1\n\
+             share.coordinator.state.topic.replication.factor=1\n\
+             share.coordinator.state.topic.min.isr=1\n\
+             group.initial.rebalance.delay.ms=0\n\
+             group.consumer.min.session.timeout.ms=6000\n\
+             group.consumer.session.timeout.ms=10000\n",
+            store = ca.server_p12().display(),
+            data = dir.join("data").display(),
+        );
+        std::fs::write(dir.join("server.properties"), properties)
+            .map_err(|e| NodeError::failed("writing server.properties", e))?;
+        let mut node = KafkaNode {
+            home,
+            id: 1,
+            port: plain,
+            dir,
+            child: None,
+        };
+        let out = node
+            .java("kafka.tools.StorageTool")
+            .arg("random-uuid")
+            .output()
+            .map_err(|e| NodeError::failed("making a cluster id", e))?;
+        let cluster_id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let mut format = node.java("kafka.tools.StorageTool");
+        format
+            .args(["format", "-t", &cluster_id, "-c"])
+            .arg(node.dir.join("server.properties"));
+        for (name, password) in users {
+            format.args([
+                "--add-scram",
+                &format!("{SCRAM}=[name={name},password={password}]"),
+            ]);
+        }
+        let formatted = format
+            .output()
+            .map_err(|e| NodeError::failed("formatting a Kafka log directory", e))?;
+        if !formatted.status.success() {
+            return Err(NodeError::failed(
+                "formatting the secured Kafka node",
+                String::from_utf8_lossy(&formatted.stderr),
+            ));
+        }
+        node.spawn()?;
+        node.wait_started(0)?;
+        if !wait_until(START_WITHIN, || port_open(secure)) {
+            return Err(NodeError::failed(
+                "starting the secured Kafka node",
+                "its SASL_SSL port never opened",
+            ));
+        }
+        Ok(SecuredKafka {
+            node,
+            sasl_ssl_port: secure,
+        })
+    }
+
+    /// `127.0.0.1:<port>` of the `SASL_SSL` listener.
+    pub fn sasl_ssl_address(&self) -> String {
+        format!("127.0.0.1:{}", self.sasl_ssl_port)
     }
 }
 

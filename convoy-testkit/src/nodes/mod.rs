@@ -2,7 +2,8 @@
 //! starts itself — free loopback ports, a directory of their own under the system's temporary
 //! directory — and stops by the PID it recorded, never a broker it did not start. Single nodes
 //! and three-node clusters of NATS ([`nats`]), RabbitMQ ([`rabbitmq`]) and Apache Kafka
-//! ([`kafka`]). Where the broker programs are comes from the environment scripts/test sets
+//! ([`kafka`]); a test CA and a loopback server certificate for their TLS listeners ([`tls`]).
+//! Where the broker programs are comes from the environment scripts/test sets
 //! (`CONVOY_NATS_SERVER`, `CONVOY_KAFKA_HOME`; RabbitMQ from Debian's package on PATH).
 //!
 //! These helpers block (they spawn processes and wait for ports): call them from a blocking
@@ -11,6 +12,7 @@
 pub mod kafka;
 pub mod nats;
 pub mod rabbitmq;
+pub mod tls;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
