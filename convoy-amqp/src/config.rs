@@ -82,6 +82,10 @@ pub struct AmqpConfig {
     /// Longest wait for a connection to open.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// For `amqps://`: a PEM file of the CA certificates to trust for the broker's certificate
+    /// (a private CA), instead of the public web roots.
+    #[serde(default)]
+    pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for AmqpConfig {
@@ -99,6 +103,7 @@ impl fmt::Debug for AmqpConfig {
             .field("revoke_timeout_ms", &self.revoke_timeout_ms)
             .field("balance_interval_ms", &self.balance_interval_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }
@@ -122,11 +127,13 @@ impl AmqpConfig {
             revoke_timeout_ms: default_revoke_timeout_ms(),
             balance_interval_ms: default_balance_interval_ms(),
             connect_timeout_ms: default_connect_timeout_ms(),
+            tls_ca_file: None,
         }
     }
 
     /// Sets one field by name, as a URL parameter gives it: `prefetch`, `heartbeat`,
-    /// `connection_name`, `revoke_timeout_ms`, `balance_interval_ms`, `connect_timeout_ms`.
+    /// `connection_name`, `revoke_timeout_ms`, `balance_interval_ms`, `connect_timeout_ms`,
+    /// `tls_ca_file`.
     pub fn apply_param(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
         fn number<T: std::str::FromStr>(field: &str, value: &str) -> Result<T, ConfigError> {
             value
@@ -141,11 +148,12 @@ impl AmqpConfig {
             "revoke_timeout_ms" => self.revoke_timeout_ms = number(name, value)?,
             "balance_interval_ms" => self.balance_interval_ms = number(name, value)?,
             "connect_timeout_ms" => self.connect_timeout_ms = number(name, value)?,
+            "tls_ca_file" => self.tls_ca_file = Some(value.into()),
             other => {
                 return Err(ConfigError::invalid(
                     other,
                     "unknown RabbitMQ setting: use prefetch, heartbeat, delivery_limit, connection_name, \
-                     revoke_timeout_ms, balance_interval_ms or connect_timeout_ms",
+                     revoke_timeout_ms, balance_interval_ms, connect_timeout_ms or tls_ca_file",
                 ))
             }
         }
@@ -217,6 +225,23 @@ impl AmqpConfig {
                 "prefetch",
                 "must be ≥ 1 (0 means unlimited to RabbitMQ: no back-pressure at all)",
             ));
+        }
+        if let Some(ca) = &self.tls_ca_file {
+            if !self.uri.starts_with("amqps://") {
+                return Err(ConfigError::invalid(
+                    "tls_ca_file",
+                    "only used with amqps:// (the URI is not a TLS one)",
+                ));
+            }
+            if !ca.is_file() {
+                return Err(ConfigError::invalid(
+                    "tls_ca_file",
+                    format!(
+                        "{} is not a readable file (a PEM file of CA certificates)",
+                        ca.display()
+                    ),
+                ));
+            }
         }
         if self.heartbeat_s == 0 {
             return Err(ConfigError::invalid(

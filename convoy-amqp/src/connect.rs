@@ -9,6 +9,8 @@ use std::time::Duration;
 use convoy_core::config::redact_userinfo;
 use convoy_core::TransportError;
 use futures_util::StreamExt;
+use lapin::tcp::OwnedTLSConfig;
+use lapin::uri::AMQPUri;
 use lapin::{Connection, ConnectionProperties, Event};
 
 use crate::config::AmqpConfig;
@@ -26,6 +28,7 @@ pub async fn connect(config: &AmqpConfig, role: &str) -> Result<Connection, Tran
         .map_err(|e| TransportError::Fatal(e.to_string()))?;
     let name = format!("{}-{role}", config.connection_name.as_deref().unwrap_or("convoy"));
     let timeout = Duration::from_millis(config.connect_timeout_ms);
+    let trust = trusted_cas(config)?;
     let start = NEXT_NODE.fetch_add(1, Relaxed);
     let mut failures = Vec::new();
     let mut last_error = None;
@@ -34,7 +37,7 @@ pub async fn connect(config: &AmqpConfig, role: &str) -> Result<Connection, Tran
         let uri = uris[(start + i) % uris.len()].clone();
         let node = format!("{}:{}", uri.authority.host, uri.authority.port);
         let properties = ConnectionProperties::default().with_connection_name(name.clone().into());
-        match tokio::time::timeout(timeout, Connection::connect_uri(uri, properties)).await {
+        match tokio::time::timeout(timeout, open(uri, properties, trust.clone())).await {
             Ok(Ok(connection)) => {
                 opened = Some(connection);
                 break;
@@ -49,6 +52,12 @@ pub async fn connect(config: &AmqpConfig, role: &str) -> Result<Connection, Tran
     }
     let Some(connection) = opened else {
         let at = redact_userinfo(&config.uri);
+        if let Some(e) = last_error.as_ref().filter(|e| is_certificate_error(e)) {
+            return Err(TransportError::Fatal(format!(
+                "the TLS handshake with RabbitMQ at {at} failed: {e} — for a broker whose \
+                 certificate a private CA signed, set tls_ca_file to that CA's PEM file"
+            )));
+        }
         return Err(match last_error {
             // The classification (refused credentials are fatal, I/O errors are an outage)
             // follows the last node's answer; every node's is in the text.
@@ -76,6 +85,44 @@ pub async fn connect(config: &AmqpConfig, role: &str) -> Result<Connection, Tran
         }
     });
     Ok(connection)
+}
+
+/// True for a broker certificate the client does not trust (rustls's words): no retry fixes it.
+fn is_certificate_error(e: &lapin::Error) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("certificate") || text.contains("unknownissuer")
+}
+
+/// The CA certificates to trust (`tls_ca_file`), read once per connect.
+fn trusted_cas(config: &AmqpConfig) -> Result<Option<String>, TransportError> {
+    let Some(file) = &config.tls_ca_file else {
+        return Ok(None);
+    };
+    std::fs::read_to_string(file).map(Some).map_err(|e| {
+        TransportError::Fatal(format!(
+            "reading tls_ca_file {}: {e} (a PEM file of CA certificates)",
+            file.display()
+        ))
+    })
+}
+
+/// Opens one connection, trusting `cas` (PEM) for `amqps://` when given.
+async fn open(
+    uri: AMQPUri,
+    properties: ConnectionProperties,
+    cas: Option<String>,
+) -> lapin::Result<Connection> {
+    match cas {
+        None => Connection::connect_uri(uri, properties).await,
+        Some(cert_chain) => {
+            let tls = OwnedTLSConfig {
+                identity: None,
+                cert_chain: Some(cert_chain),
+            };
+            Connection::connect_uri_with_config(uri, properties, tls, lapin::runtime::default_runtime()?)
+                .await
+        }
+    }
 }
 
 /// How long a goodbye may take. lapin can leave `close` waiting forever when the socket goes

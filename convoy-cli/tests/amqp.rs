@@ -7,6 +7,7 @@ mod scenarios;
 
 use std::sync::Arc;
 
+use convoy_testkit::nodes::tls::TestCa;
 use convoy_testkit::nodes::{rabbitmq::RabbitNode, NodeError};
 use scenarios::failover::{failover, Producer};
 use scenarios::{unique, CleanUp};
@@ -118,4 +119,30 @@ async fn a_crash_loop_under_a_foreign_producer_loses_nothing() {
     .await;
     drop(node);
     assert_eq!(report.faults.len(), 12);
+}
+
+/// The CLI over `amqps://` (a private node, a CA made by the test, `tls_ca_file`): produces and
+/// consumes; without the CA it ends at once naming the setting.
+#[test]
+fn produce_and_consume_over_amqps() {
+    if uri().is_none() {
+        return;
+    }
+    let ca = match TestCa::new() {
+        Ok(ca) => ca,
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let node = match RabbitNode::start_tls(&ca) {
+        Ok(node) => node,
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let topic = unique("tls");
+    let base = format!(
+        "{}?topics={topic}&group={topic}-g&partitions=4",
+        node.amqps_uri().unwrap()
+    );
+    let trusted = format!("{base}&tls_ca_file={}", ca.ca_pem().display());
+    scenarios::secured_produce_and_consume(&trusted, &base, "tls_ca_file");
 }

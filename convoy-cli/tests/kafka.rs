@@ -5,6 +5,9 @@
 
 mod scenarios;
 
+use convoy_testkit::nodes::kafka::{SecuredKafka, SCRAM};
+use convoy_testkit::nodes::tls::TestCa;
+use convoy_testkit::nodes::NodeError;
 use scenarios::unique;
 
 fn bootstrap() -> Option<String> {
@@ -103,4 +106,30 @@ async fn a_second_ctrl_c_aborts_the_drain_and_payloads_print_on_one_line() {
     let Some(bootstrap) = bootstrap() else { return };
     let topic = unique("consume-abort");
     scenarios::second_ctrl_c(&url(&bootstrap, &unique("consume-abort-group"), &topic), &topic).await;
+}
+
+/// The CLI over Kafka's SASL_SSL (SCRAM-SHA-512, a CA made by the test) with zstd: produces and
+/// consumes; a wrong password ends at once naming the settings to check.
+#[test]
+fn produce_and_consume_over_sasl_ssl() {
+    if bootstrap().is_none() {
+        return;
+    }
+    let ca = match TestCa::new() {
+        Ok(ca) => ca,
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let node = SecuredKafka::start(&ca, &[("alice", "alice-secret")]).unwrap();
+    let topic = unique("tls");
+    let secured = |password: &str| {
+        format!(
+            "kafka://{}?topics={topic}&group={topic}-g&partitions=4&security.protocol=SASL_SSL\
+             &sasl.mechanisms={SCRAM}&sasl.username=alice&sasl.password={password}\
+             &ssl.ca.location={}&compression.type=zstd",
+            node.sasl_ssl_address(),
+            ca.ca_pem().display()
+        )
+    };
+    scenarios::secured_produce_and_consume(&secured("alice-secret"), &secured("wrong"), "sasl.password");
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use std::sync::{Arc, Mutex};
 
+use convoy_testkit::nodes::tls::TestCa;
 use convoy_testkit::nodes::{nats::NatsServer, NodeError};
 use scenarios::failover::{failover, Producer};
 use scenarios::{unique, CleanUp};
@@ -139,4 +140,32 @@ async fn a_crash_loop_under_a_foreign_producer_loses_nothing() {
     .await;
     drop(server);
     assert_eq!(report.faults.len(), 12);
+}
+
+/// The CLI over NATS with TLS and a login (a private server, a CA made by the test,
+/// `tls_ca_file`): produces and consumes; a wrong password ends at once.
+#[test]
+fn produce_and_consume_over_tls() {
+    if server().is_none() {
+        return;
+    }
+    let ca = match TestCa::new() {
+        Ok(ca) => ca,
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let server = NatsServer::start_tls(&ca, "alice", "alice-secret").unwrap();
+    let topic = unique("tls");
+    let secured = |password: &str| {
+        format!(
+            "nats://alice:{password}@{}?topics={topic}&group={topic}-g&partitions=4&tls_required=true&tls_ca_file={}",
+            server.address(),
+            ca.ca_pem().display()
+        )
+    };
+    scenarios::secured_produce_and_consume(
+        &secured("alice-secret"),
+        &secured("wrong"),
+        "authorization violation",
+    );
 }

@@ -121,7 +121,14 @@ fn connect_error(config: &NatsConfig, e: async_nats::ConnectError) -> TransportE
         ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => TransportError::Fatal(
             format!("connecting to NATS at {servers}: {e}; check token, user/password or credentials"),
         ),
-        ConnectErrorKind::Tls => TransportError::Fatal(format!("connecting to NATS at {servers}: {e}")),
+        ConnectErrorKind::Tls => TransportError::Fatal(format!(
+            "the TLS handshake with NATS at {servers} failed: {e} — for a server whose certificate a \
+             private CA signed, set tls_ca_file to that CA's PEM file"
+        )),
+        _ if e.to_string().to_ascii_lowercase().contains("certificate") => TransportError::Fatal(format!(
+            "the TLS handshake with NATS at {servers} failed: {e} — for a server whose certificate a \
+             private CA signed, set tls_ca_file to that CA's PEM file"
+        )),
         ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns => {
             TransportError::Unavailable(format!(
                 "connecting to NATS at {servers}: {e}; is the server running?"

@@ -404,3 +404,34 @@ impl Drop for KillOnDrop {
         let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
     }
 }
+
+/// `convoy produce` then `convoy consume` through a secured listener at `url` (TLS, a CA the
+/// test made, the broker's own login), every message printed once; then the same with
+/// `refused_url` (a wrong password, or no trust in the CA) ends at once with an error whose text
+/// has `says`.
+pub fn secured_produce_and_consume(url: &str, refused_url: &str, says: &str) {
+    let produced = convoy(&["--url", url, "produce", "--generate", "200", "--keys", "10"]);
+    assert!(
+        produced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&produced.stderr)
+    );
+    let consumed = convoy(&["--url", url, "consume", "--max-messages", "200"]);
+    assert!(
+        consumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&consumed.stderr)
+    );
+    let lines = String::from_utf8_lossy(&consumed.stdout)
+        .lines()
+        .filter(|l| l.contains(" key="))
+        .count();
+    assert!(lines >= 200, "{lines} of 200 messages printed");
+
+    let started = Instant::now();
+    let refused = convoy(&["--url", refused_url, "consume", "--max-messages", "1"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    println!("refused after {:?}: {stderr}", started.elapsed());
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(says), "{stderr}");
+}

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use super::tls::TestCa;
 use super::{fresh_dir, http_get, http_status, port_open, remove_dir, tail, wait_until, NodeError};
 use crate::support::free_port;
 
@@ -39,6 +40,8 @@ pub struct NatsServer {
     port: u16,
     monitor_port: u16,
     routes: Option<Routes>,
+    /// Extra arguments (TLS, a user) the server starts with every time.
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -53,6 +56,7 @@ impl NatsServer {
             port: port("a nats-server")?,
             monitor_port: port("its monitoring")?,
             routes,
+            extra: Vec::new(),
             child: None,
             binary,
         })
@@ -61,6 +65,26 @@ impl NatsServer {
     /// A single server with JetStream, started and healthy.
     pub fn start() -> Result<NatsServer, NodeError> {
         let mut server = NatsServer::new(binary()?, "single", None)?;
+        server.spawn()?;
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// A single server with JetStream that requires TLS (its certificate signed by `ca`) and a
+    /// login (`user`, `password`), started and healthy.
+    pub fn start_tls(ca: &TestCa, user: &str, password: &str) -> Result<NatsServer, NodeError> {
+        let mut server = NatsServer::new(binary()?, "tls", None)?;
+        server.extra = vec![
+            "--tls".into(),
+            "--tlscert".into(),
+            ca.server_pem().display().to_string(),
+            "--tlskey".into(),
+            ca.server_key().display().to_string(),
+            "--user".into(),
+            user.into(),
+            "--pass".into(),
+            password.into(),
+        ];
         server.spawn()?;
         server.wait_ready()?;
         Ok(server)
@@ -76,7 +100,8 @@ impl NatsServer {
             .arg("-sd")
             .arg(self.dir.join("store"))
             .arg("-l")
-            .arg(self.dir.join("nats.log"));
+            .arg(self.dir.join("nats.log"))
+            .args(&self.extra);
         if let Some(routes) = &self.routes {
             let others: Vec<String> = routes
                 .others

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use super::tls::TestCa;
 use super::{alive, fresh_dir, port_open, remove_dir, tail, wait_until, NodeError};
 use crate::support::free_port;
 
@@ -21,11 +22,14 @@ pub struct RabbitNode {
     name: String,
     port: u16,
     dist_port: u16,
+    /// The `amqps` listener, if the node has one.
+    tls_port: Option<u16>,
 }
 
 impl RabbitNode {
-    /// Prepares a node's directory and config (`label` tells nodes of one test apart).
-    fn new(label: &str) -> Result<RabbitNode, NodeError> {
+    /// Prepares a node's directory and config (`label` tells nodes of one test apart), with a
+    /// TLS listener when `ca` is given.
+    fn new(label: &str, ca: Option<&TestCa>) -> Result<RabbitNode, NodeError> {
         if Command::new("rabbitmq-server").arg("--help").output().is_err() {
             return Err(NodeError::Missing("rabbitmq-server".into()));
         }
@@ -42,6 +46,7 @@ impl RabbitNode {
             name: format!("convoy{}@localhost", unique.replace('-', "")),
             port: port("AMQP")?,
             dist_port: port("Erlang distribution")?,
+            tls_port: ca.map(|_| port("AMQPS")).transpose()?,
             dir,
         };
         let write = |file: &str, text: String| {
@@ -49,10 +54,21 @@ impl RabbitNode {
                 .map_err(|e| NodeError::failed(format!("writing {file}"), e))
         };
         write("plugins", "[].".into())?;
-        write(
-            "rabbitmq.conf",
-            format!("listeners.tcp.local = 127.0.0.1:{}\n", node.port),
-        )?;
+        let mut conf = format!("listeners.tcp.local = 127.0.0.1:{}\n", node.port);
+        if let (Some(ca), Some(tls_port)) = (ca, node.tls_port) {
+            conf.push_str(&format!(
+                "listeners.ssl.local = 127.0.0.1:{tls_port}\n\
+                 ssl_options.cacertfile = {}\n\
+                 ssl_options.certfile = {}\n\
+                 ssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_none\n\
+                 ssl_options.fail_if_no_peer_cert = false\n",
+                ca.ca_pem().display(),
+                ca.server_pem().display(),
+                ca.server_key().display(),
+            ));
+        }
+        write("rabbitmq.conf", conf)?;
         let owned = Command::new("chown")
             .args(["-R", "rabbitmq:rabbitmq"])
             .arg(&node.dir)
@@ -68,7 +84,14 @@ impl RabbitNode {
 
     /// A single node, booted.
     pub fn start() -> Result<RabbitNode, NodeError> {
-        let node = RabbitNode::new("single")?;
+        let node = RabbitNode::new("single", None)?;
+        node.boot()?;
+        Ok(node)
+    }
+
+    /// A single node with an `amqps` listener too, its certificate signed by `ca`, booted.
+    pub fn start_tls(ca: &TestCa) -> Result<RabbitNode, NodeError> {
+        let node = RabbitNode::new("tls", Some(ca))?;
         node.boot()?;
         Ok(node)
     }
@@ -194,6 +217,13 @@ impl RabbitNode {
     pub fn uri(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
     }
+
+    /// `amqps://guest:guest@127.0.0.1:<tls port>/%2f`, for a node started with
+    /// [`start_tls`](Self::start_tls).
+    pub fn amqps_uri(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("amqps://guest:guest@127.0.0.1:{port}/%2f"))
+    }
 }
 
 impl Drop for RabbitNode {
@@ -217,7 +247,7 @@ impl RabbitCluster {
     /// Boots `size` nodes and joins the others to the first.
     pub fn start(size: usize) -> Result<RabbitCluster, NodeError> {
         let nodes: Vec<RabbitNode> = (1..=size)
-            .map(|i| RabbitNode::new(&format!("n{i}")))
+            .map(|i| RabbitNode::new(&format!("n{i}"), None))
             .collect::<Result<_, _>>()?;
         for node in &nodes {
             node.boot()?;
