@@ -9,7 +9,7 @@
 //! ```
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
 use convoy::dlq::{self, DeadLetterRecord, Selection};
@@ -57,7 +57,9 @@ impl Example {
     }
 
     /// Runs `handler` through the engine until `expected` messages finished (handled or
-    /// dead-lettered), then stops gracefully (drain, commit, leave).
+    /// dead-lettered) — or until SIGINT or SIGTERM — then stops gracefully: what is in flight
+    /// finishes, the watermarks are committed, the group is left (a second signal aborts the
+    /// drain). `convoy::run_until_signalled_or` is what a service's `main` calls.
     pub async fn run(
         &self,
         handler: impl Handler,
@@ -73,23 +75,33 @@ impl Example {
             .dead_letter_sink(self.connection.dead_letter_sink()?)
             .build()?;
         let running = engine.start(&self.connection).await?;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while {
-            let s = running.stats();
-            s.handled + s.dead_lettered < expected
-        } {
-            if running.is_finished() {
-                running.join().await?;
-                return Err(
-                    format!("{}: the engine stopped before every message finished", self.name).into(),
-                );
+        let stats = running.stats_reader();
+        let all_finished = async move {
+            loop {
+                let s = stats.snapshot();
+                if s.handled + s.dead_lettered >= expected {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            if Instant::now() > deadline {
-                return Err(format!("{}: not every message finished within 120 s", self.name).into());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let within = tokio::time::timeout(
+            Duration::from_secs(120),
+            convoy::run_until_signalled_or(running, all_finished),
+        );
+        let report = within
+            .await
+            .map_err(|_| format!("{}: not every message finished within 120 s", self.name))??;
+        let s = report.stats;
+        if s.handled + s.dead_lettered < expected {
+            return Err(format!(
+                "{}: stopped before every message finished ({} of {expected})",
+                self.name,
+                s.handled + s.dead_lettered
+            )
+            .into());
         }
-        Ok(running.stop().await?.stats)
+        Ok(s)
     }
 
     /// Deletes what the run declared where the broker keeps it (RabbitMQ's queues: the broker

@@ -164,9 +164,18 @@ pub struct ProduceArgs {
 /// `convoy consume`.
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
-    /// Stop (draining and committing) after this many messages were finished.
+    /// Handle exactly this many messages (the first ones each partition holds past its
+    /// committed position), commit them, and stop: nothing after them is handled or committed.
     #[arg(long, value_name = "COUNT")]
     pub max_messages: Option<u64>,
+    /// What a stop (SIGINT, SIGTERM, the end of --max-messages) waits for: the messages being
+    /// handled, leaving what is queued to the next consumer, or everything already fetched.
+    #[arg(long, value_enum, default_value_t = DrainArg::InFlight)]
+    pub drain: DrainArg,
+    /// The longest a stop may take, drain, final commit and leaving the group together
+    /// (seconds; the default fits Kubernetes' 30 s grace period).
+    #[arg(long, value_name = "SECONDS", default_value_t = 25)]
+    pub shutdown_timeout_s: u64,
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898 (GET /metrics).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
@@ -180,6 +189,15 @@ pub struct ConsumeArgs {
     /// lanes, back-pressure and drains at work.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub work_ms: u64,
+}
+
+/// What a stop drains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DrainArg {
+    /// The messages being handled; what is queued goes to the next consumer.
+    InFlight,
+    /// Everything fetched (bounded by the shutdown timeout).
+    Buffered,
 }
 
 /// `convoy dlq …`.

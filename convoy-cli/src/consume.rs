@@ -1,22 +1,31 @@
 //! `convoy consume`: the configured topics through lanes, with a handler that prints each
-//! message on one line; stops on Ctrl-C or after `--max-messages`, draining and committing
-//! first. A second Ctrl-C aborts the drain: what is unfinished stays uncommitted and goes to
-//! the next consumer.
+//! message on one line; stops on SIGINT (Ctrl-C) or SIGTERM (`docker stop`, Kubernetes), or
+//! after exactly `--max-messages`, draining (what is in flight, or with `--drain buffered`
+//! everything fetched) and committing first. A second signal aborts the drain: what is
+//! unfinished stays uncommitted and goes to the next consumer.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use convoy::{handler_fn, ConnectConfig, Delivery, Engine, EngineConfig, EngineReport, HandlerError};
+use convoy::{
+    handler_fn, ConnectConfig, Delivery, Drain, Engine, EngineConfig, EngineReport, HandlerError, StopSignals,
+};
 
-use crate::cli::ConsumeArgs;
+use crate::cli::{ConsumeArgs, DrainArg};
 use crate::metrics_server;
 use crate::settings::connect;
 
 /// Longest payload printed per message.
 const PREVIEW: usize = 120;
 
-/// The exit status after a second Ctrl-C aborted the drain (128 + SIGINT, as shells report it).
-const ABORTED: u8 = 130;
+/// The exit status after a second signal aborted the drain: 128 + the signal's number, as
+/// shells report a process ended by it.
+fn aborted_status(signal: &str) -> u8 {
+    match signal {
+        "SIGTERM" => 128 + 15,
+        _ => 128 + 2,
+    }
+}
 
 /// `text` on one line: control characters (newlines, tabs, …) and backslashes escaped, so one
 /// message is always one output line and the line reads back unambiguously.
@@ -63,84 +72,49 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         }
         Ok::<(), HandlerError>(())
     });
+    let mut config = EngineConfig {
+        group: connection.endpoint().group.clone(),
+        commit_interval: Duration::from_millis(args.commit_interval_ms),
+        max_messages: args.max_messages,
+        shutdown_timeout: Duration::from_secs(args.shutdown_timeout_s),
+        drain: match args.drain {
+            DrainArg::InFlight => Drain::InFlight,
+            DrainArg::Buffered => Drain::Buffered,
+        },
+        ..EngineConfig::default()
+    };
+    config.drain_timeout = config.drain_timeout.min(config.shutdown_timeout);
     let engine = Engine::builder(handler)
-        .config(EngineConfig {
-            group: connection.endpoint().group.clone(),
-            commit_interval: Duration::from_millis(args.commit_interval_ms),
-            ..EngineConfig::default()
-        })
+        .config(config)
         .dead_letter_sink(connection.dead_letter_sink().map_err(|e| e.to_string())?)
         .build()
         .map_err(|e| e.to_string())?;
-    // Listening before the engine starts: from here on no Ctrl-C is lost (see `Interrupts`).
-    let mut interrupts = Interrupts::listen().map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
+    // Listening before the engine starts: from here on no signal is lost (see `StopSignals`).
+    let mut signals = StopSignals::listen().map_err(|e| format!("cannot listen for SIGINT/SIGTERM: {e}"))?;
     let running = engine.start(&connection).await.map_err(|e| e.to_string())?;
     let stopper = running.stopper();
-    let finished = |s: &convoy::StatsSnapshot| s.handled + s.dead_lettered + s.duplicates;
-    loop {
-        tokio::select! {
-            _ = interrupts.next() => break,
-            _ = tokio::time::sleep(Duration::from_millis(20)) => {
-                let done = args.max_messages.is_some_and(|max| finished(&running.stats()) >= max);
-                if done || running.is_finished() {
-                    break;
-                }
-            }
-        }
-    }
-    stopper.shutdown();
-    if !running.is_finished() {
-        eprintln!("stopping: draining the messages in flight (Ctrl-C again to abort the drain)");
-    }
     let join = running.join();
     tokio::pin!(join);
-    let mut aborted = false;
+    let mut aborted_by = None;
     let report = loop {
         tokio::select! {
             report = &mut join => break report.map_err(|e| e.to_string())?,
-            _ = interrupts.next(), if !aborted => {
-                aborted = true;
-                eprintln!("second Ctrl-C: aborting the drain");
+            signal = signals.next(), if aborted_by.is_none() => {
+                if stopper.requests() == 0 {
+                    eprintln!("{signal}: stopping — finishing what is in flight, then committing ({signal} again to abort the drain)");
+                } else {
+                    eprintln!("second {signal}: aborting the drain");
+                    aborted_by = Some(signal);
+                }
                 stopper.shutdown();
             }
         }
     };
     summarize(&report);
-    Ok(if aborted {
-        ExitCode::from(ABORTED)
-    } else {
-        ExitCode::SUCCESS
+    Ok(match aborted_by {
+        Some(signal) => ExitCode::from(aborted_status(signal)),
+        None => ExitCode::SUCCESS,
     })
-}
-
-/// Ctrl-C notifications, from one listener kept for the whole command. A fresh
-/// `tokio::signal::ctrl_c()` per wait loses a signal that arrives between two waits: once any
-/// listener was registered the process no longer dies of SIGINT, and a listener created later
-/// does not see an earlier signal (seen: a member left waiting forever after its Ctrl-C).
-struct Interrupts {
-    #[cfg(unix)]
-    signals: tokio::signal::unix::Signal,
-    #[cfg(windows)]
-    signals: tokio::signal::windows::CtrlC,
-}
-
-impl Interrupts {
-    fn listen() -> std::io::Result<Self> {
-        Ok(Interrupts {
-            #[cfg(unix)]
-            signals: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?,
-            #[cfg(windows)]
-            signals: tokio::signal::windows::ctrl_c()?,
-        })
-    }
-
-    /// The next Ctrl-C (at once if one arrived since the last).
-    async fn next(&mut self) {
-        if self.signals.recv().await.is_none() {
-            // The runtime's signal driver is gone: no Ctrl-C can come any more.
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 fn summarize(report: &EngineReport) {

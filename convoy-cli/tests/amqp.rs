@@ -146,3 +146,14 @@ fn produce_and_consume_over_amqps() {
     let trusted = format!("{base}&tls_ca_file={}", ca.ca_pem().display());
     scenarios::secured_produce_and_consume(&trusted, &base, "tls_ca_file");
 }
+
+/// SIGTERM mid-run hands over without repeats; `--max-messages` takes exactly that many
+/// (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_over_without_repeats_and_max_messages_is_exact() {
+    let Some(uri) = uri() else { return };
+    let topic = unique("term");
+    let url = url(&uri, &unique("term-group"), &topic);
+    let _clean = CleanUp(url.clone(), topic.clone());
+    scenarios::processes::sigterm_hands_over_without_repeats(&url, &topic).await;
+}

@@ -133,3 +133,13 @@ fn produce_and_consume_over_sasl_ssl() {
     };
     scenarios::secured_produce_and_consume(&secured("alice-secret"), &secured("wrong"), "sasl.password");
 }
+
+/// SIGTERM mid-run hands over without repeats; `--max-messages` takes exactly that many
+/// (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_over_without_repeats_and_max_messages_is_exact() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("term");
+    let url = format!("{}&partitions=4", url(&bootstrap, &unique("term-group"), &topic));
+    scenarios::processes::sigterm_hands_over_without_repeats(&url, &topic).await;
+}

@@ -169,3 +169,14 @@ fn produce_and_consume_over_tls() {
         "authorization violation",
     );
 }
+
+/// SIGTERM mid-run hands over without repeats; `--max-messages` takes exactly that many
+/// (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_over_without_repeats_and_max_messages_is_exact() {
+    let Some(server) = server() else { return };
+    let topic = unique("term");
+    let url = url(&server, &unique("term-group"), &topic);
+    let _clean = CleanUp(url.clone(), topic.clone());
+    scenarios::processes::sigterm_hands_over_without_repeats(&url, &topic).await;
+}

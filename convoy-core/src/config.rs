@@ -195,6 +195,19 @@ impl BackPressure {
     }
 }
 
+/// What a graceful shutdown waits for before it commits and closes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Drain {
+    /// The messages being handled (each lane's current one, retries included) finish; what is
+    /// queued behind them is dropped uncommitted, for the next consumer. The default: a stop
+    /// takes as long as one message, not as long as the whole buffer.
+    #[default]
+    InFlight,
+    /// Everything the engine holds finishes (bounded by the drain timeout): fewer messages go
+    /// to the next consumer, a stop takes longer.
+    Buffered,
+}
+
 /// Everything the engine needs besides the handler and the transport.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -217,6 +230,17 @@ pub struct EngineConfig {
     pub commit_every: usize,
     /// How long a revoke or a shutdown waits for in-flight messages before cancelling them.
     pub drain_timeout: Duration,
+    /// What a shutdown drains: the messages in flight (default) or everything held.
+    pub drain: Drain,
+    /// The whole of a graceful shutdown — drain, final commit, leaving the group — ends within
+    /// this (default 25 s: inside Kubernetes' 30 s grace period; lower it for `docker stop`'s
+    /// 10 s). The drain ends early enough to leave a third of it for the commit and the leave.
+    pub shutdown_timeout: Duration,
+    /// Take at most this many messages, then stop once they are finished: the first ones each
+    /// source delivers (a prefix of it, in offset order), all handled and committed; nothing
+    /// after them is taken or committed, so the next consumer starts right there. `None`
+    /// (default): no limit.
+    pub max_messages: Option<u64>,
     /// Dead-letter a source's lowest unfinished message (reason `stuck`) after this long;
     /// `None` (default) disables the check.
     pub stuck_timeout: Option<Duration>,
@@ -247,7 +271,10 @@ impl Default for EngineConfig {
             commit_interval: Duration::from_millis(500),
             commit_timeout: Duration::from_secs(10),
             commit_every: 10_000,
-            drain_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(15),
+            drain: Drain::InFlight,
+            shutdown_timeout: Duration::from_secs(25),
+            max_messages: None,
             stuck_timeout: None,
             back_pressure: BackPressure::default(),
             keyless: KeylessPolicy::PerSource,
@@ -290,6 +317,18 @@ impl EngineConfig {
             return Err(ConfigError::invalid(
                 "drain_timeout",
                 "must be > 0 (a revoke or shutdown would cancel every message in flight at once)",
+            ));
+        }
+        if self.shutdown_timeout < Duration::from_secs(1) {
+            return Err(ConfigError::invalid(
+                "shutdown_timeout",
+                "must be at least 1 s: the final commit and leaving the group need time",
+            ));
+        }
+        if self.max_messages == Some(0) {
+            return Err(ConfigError::invalid(
+                "max_messages",
+                "must be at least 1, or None for no limit",
             ));
         }
         if self.max_in_flight == Some(0) {

@@ -37,9 +37,11 @@ pub mod transport;
 pub mod typed;
 pub mod watermark;
 
-pub use config::{BackPressure, ConfigError, EngineConfig, KeylessPolicy};
+pub use config::{BackPressure, ConfigError, Drain, EngineConfig, KeylessPolicy};
 pub use dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
-pub use engine::{Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, StatsSnapshot, Stopper};
+pub use engine::{
+    Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, StatsReader, StatsSnapshot, Stopper,
+};
 pub use handler::{handler_fn, Delivery, ErrorClass, Handler, HandlerError};
 pub use idempotency::{IdempotencyStore, MemoryIdempotencyStore};
 pub use message::{EventId, Headers, Message, Offset, OutgoingMessage, SourceId, EVENT_ID_HEADER};

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use convoy_core::dead_letter::{DL_ATTEMPTS, DL_CAUSE, DL_ERROR};
 use convoy_core::{
-    handler_fn, Backoff, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError, Jitter,
+    handler_fn, Backoff, Delivery, Drain, Engine, EngineConfig, EngineHandle, Handler, HandlerError, Jitter,
     KeylessPolicy, OnExhausted, OutgoingMessage, Publisher, RetryPolicy, SourceId,
 };
 use convoy_testkit::conformance::{test_config, TestBed};
@@ -529,6 +529,9 @@ async fn a_second_shutdown_signal_aborts_the_drain() {
         .unwrap();
     let mut config = test_config(bed.group());
     config.drain_timeout = Duration::from_secs(3600);
+    config.shutdown_timeout = Duration::from_secs(7200);
+    // Everything held is drained, so both of the held key's messages wait in the drain.
+    config.drain = Drain::Buffered;
     let engine = run(
         &bed,
         ProbeHandler::with_faults(checker.clone(), plan),

@@ -15,7 +15,8 @@
 //! });
 //! let engine = Engine::builder(handler).dead_letter_sink(connection.dead_letter_sink()?).build()?;
 //! let running = engine.start(&connection).await?;
-//! running.stop().await?;
+//! // Until SIGINT or SIGTERM: finish what is in flight, commit, leave (a second signal aborts).
+//! convoy::run_until_signalled(running).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -23,13 +24,17 @@
 //! - [`Connection`]: subscribe, publish, dead-letter sink, topics, baseline;
 //! - [`dlq`]: list dead letters with their reasons and replay selected ones;
 //! - [`unique_suffix`]: fresh topic and group names on a shared broker;
+//! - [`run_until_signalled`], [`shutdown_signal`], [`StopSignals`]: SIGINT and SIGTERM as a
+//!   graceful stop (`docker stop`, Kubernetes), a second one aborting the drain;
 //! - everything of `convoy-core` (engine, handlers, retry, dead letters, transport contract).
 //!
-//! Features: `memory` (the embedded broker, `memory://`), `kafka` (`kafka://`) and `amqp`
-//! (RabbitMQ, `amqp://`), all default; `amqp-tls` adds `amqps://`.
+//! Features: `memory` (the embedded broker, `memory://`), `kafka` (`kafka://`), `amqp`
+//! (RabbitMQ, `amqp://`) and `nats` (`nats://`), all default; `amqp-tls` adds `amqps://`,
+//! `kafka-tls` (or `kafka-tls-vendored`) Kafka's TLS and SASL, `kafka-zstd` zstd, `nats-nkeys`
+//! NATS credentials files and nkeys.
 
-#[cfg(not(any(feature = "memory", feature = "kafka", feature = "amqp")))]
-compile_error!("enable at least one broker feature of `convoy`: `memory`, `kafka` or `amqp`");
+#[cfg(not(any(feature = "memory", feature = "kafka", feature = "amqp", feature = "nats")))]
+compile_error!("enable at least one broker feature of `convoy`: `memory`, `kafka`, `amqp` or `nats`");
 
 mod backend;
 mod connection;
@@ -37,12 +42,14 @@ pub mod dlq;
 mod error;
 mod names;
 pub mod settings;
+mod signals;
 
 pub use connection::{connect, Connection, RecordCheck};
 pub use convoy_core::*;
 pub use error::ConnectError;
 pub use names::unique_suffix;
 pub use settings::{ConnectConfig, Endpoint};
+pub use signals::{run_until_signalled, run_until_signalled_or, shutdown_signal, StopSignals};
 
 #[cfg(feature = "memory")]
 pub use backend::memory::broker as memory_broker;

@@ -18,6 +18,11 @@ pub struct Member(pub Child, PathBuf);
 impl Member {
     /// Starts a member of the group `url` names, appending its lines to `log`.
     pub fn start(url: &str, log: &Path) -> Member {
+        Member::start_with(url, log, &[])
+    }
+
+    /// The same with more `convoy consume` arguments.
+    pub fn start_with(url: &str, log: &Path, extra: &[&str]) -> Member {
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -29,6 +34,7 @@ impl Member {
         Member(
             Command::new(env!("CARGO_BIN_EXE_convoy"))
                 .args(["--url", url, "consume", "--commit-interval-ms", "100"])
+                .args(extra)
                 .stdout(Stdio::from(out))
                 .stderr(Stdio::from(std::fs::File::create(&stderr).unwrap()))
                 .spawn()
@@ -254,4 +260,72 @@ pub async fn a_frozen_member_handles_nothing_after_its_lease(url: &str, topic: &
     assert!(other.leave());
     let lines: Vec<(String, u64)> = frozen_log.lines().into_iter().chain(other_log.lines()).collect();
     assert_replayed(&checker, &lines, "a member frozen past its leases");
+}
+
+/// A member stopped with SIGTERM mid-run — its handlers busy, a backlog queued — finishes what
+/// is in flight, commits and leaves, exit status 0; the next member of the group handles the
+/// rest and nothing the first one handled. Then `--max-messages` takes exactly that many.
+pub async fn sigterm_hands_over_without_repeats(url: &str, topic: &str) {
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let publisher = connection.publisher(topic).unwrap();
+    let checker = OrderChecker::new();
+    publish_load(publisher.as_ref(), &checker, "key-", 20, 20)
+        .await
+        .unwrap();
+    let (first_log, next_log) = (
+        Log::new(&format!("{topic}-first")),
+        Log::new(&format!("{topic}-next")),
+    );
+    // 50 ms a message: 20 keys of 20 messages take a second, the stop comes halfway.
+    let first = Member::start_with(url, &first_log.0, &["--work-ms", "50"]);
+    tokio::task::block_in_place(|| first_log.wait_handled(100));
+    first.signal("TERM");
+    let stopped = tokio::task::block_in_place(|| {
+        let mut first = first;
+        let status = super::wait_exit(&mut first.0);
+        (status, first.stderr())
+    });
+    assert!(
+        stopped.0.success(),
+        "SIGTERM is a graceful stop: {:?}\n{}",
+        stopped.0,
+        stopped.1
+    );
+    let handled_first: HashSet<(String, u64)> = first_log.lines().into_iter().collect();
+    let next = Member::start(url, &next_log.0);
+    tokio::task::block_in_place(|| next_log.wait_handled(400 - handled_first.len()));
+    assert!(next.leave());
+    let handled_next: HashSet<(String, u64)> = next_log.lines().into_iter().collect();
+    let again: Vec<&(String, u64)> = handled_first.intersection(&handled_next).collect();
+    println!(
+        "SIGTERM mid-run: the first member handled {}, the next {}, {} of them again",
+        handled_first.len(),
+        handled_next.len(),
+        again.len()
+    );
+    assert!(again.is_empty(), "handled again after a SIGTERM: {again:?}");
+    assert_eq!(handled_first.len() + handled_next.len(), 400, "nothing lost");
+    let lines: Vec<(String, u64)> = first_log.lines().into_iter().chain(next_log.lines()).collect();
+    assert_replayed(&checker, &lines, "SIGTERM mid-run");
+
+    // Exactly N: 30 more published, a member told to take 12 prints 12, the next the other 18.
+    let checker = OrderChecker::new();
+    publish_load(publisher.as_ref(), &checker, "more-", 6, 5)
+        .await
+        .unwrap();
+    let (a, b) = (
+        Log::new(&format!("{topic}-max-a")),
+        Log::new(&format!("{topic}-max-b")),
+    );
+    for (log, max) in [(&a, "12"), (&b, "18")] {
+        let mut member = Member::start_with(url, &log.0, &["--max-messages", max]);
+        let status = tokio::task::block_in_place(|| super::wait_exit(&mut member.0));
+        assert!(status.success(), "{}", member.stderr());
+    }
+    let (a, b) = (a.lines(), b.lines());
+    println!("--max-messages 12 then 18: printed {} and {}", a.len(), b.len());
+    assert_eq!((a.len(), b.len()), (12, 18), "each took exactly its limit");
+    let all: HashSet<(String, u64)> = a.iter().chain(&b).cloned().collect();
+    assert_eq!(all.len(), 30, "the second took what the first left, none again");
 }

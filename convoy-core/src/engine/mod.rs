@@ -239,6 +239,23 @@ impl Stopper {
     }
 }
 
+/// A running engine's live counters, readable from anywhere. Cheap to clone.
+#[derive(Clone)]
+pub struct StatsReader(Arc<EngineStats>);
+
+impl StatsReader {
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        self.0.snapshot()
+    }
+}
+
+impl std::fmt::Debug for StatsReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StatsReader").field(&self.snapshot()).finish()
+    }
+}
+
 /// Controls a running engine.
 pub struct EngineHandle {
     stopper: Stopper,
@@ -262,6 +279,25 @@ impl EngineHandle {
     /// Waits for the engine to stop: its report, or why it failed.
     pub async fn join(self) -> Result<EngineReport, EngineError> {
         self.task.await.map_err(|e| EngineError::Crashed(e.to_string()))?
+    }
+
+    /// Runs until `stop` completes — a signal (`convoy::shutdown_signal()`), an application's
+    /// `CancellationToken::cancelled()`, any future — then shuts down gracefully and returns
+    /// the report. Returns earlier if the engine ends by itself (its transport closed the
+    /// subscription, a message limit was reached, a failure). A [`Stopper`] taken before can
+    /// still escalate the stop (abort the drain).
+    pub async fn run_until(
+        self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<EngineReport, EngineError> {
+        let stopper = self.stopper();
+        let join = self.join();
+        tokio::pin!(join);
+        tokio::select! {
+            report = &mut join => return report,
+            () = stop => stopper.shutdown(),
+        }
+        join.await
     }
 
     /// Shuts down gracefully and waits.
@@ -288,6 +324,12 @@ impl EngineHandle {
     /// Live counters.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// The live counters, readable from anywhere while the handle is awaited (by
+    /// [`run_until`](Self::run_until), say).
+    pub fn stats_reader(&self) -> StatsReader {
+        StatsReader(self.stats.clone())
     }
 
     /// True once the engine task has ended.

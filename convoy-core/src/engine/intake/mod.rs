@@ -85,6 +85,8 @@ pub(crate) struct Intake {
     /// timer created per loop turn costs more than the engine's whole per-message work.
     commit_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     stopping: Option<Stopping>,
+    /// Messages taken so far (counted only with a message limit).
+    taken: u64,
     /// The lag query in flight, if any (asked of the transport off the intake's own loop).
     lag_probe: Option<tokio::task::JoinHandle<()>>,
     last_lag_probe: Instant,
@@ -149,6 +151,7 @@ impl Intake {
             last_commit: Instant::now(),
             commit_timer,
             stopping: None,
+            taken: 0,
             lag_probe: None,
             last_lag_probe: Instant::now(),
             shard_hasher: foldhash::fast::FixedState::with_seed(SHARD_SALT),
@@ -180,6 +183,8 @@ impl Intake {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.take_signals();
+            self.stop_at_limit();
+            self.drop_queued_for_stop().await;
             if self.stop_complete() {
                 return self.finish_stop().await;
             }

@@ -40,7 +40,12 @@ impl Intake {
         let shard_count = self.shards.len();
         let (mut routed, mut routed_bytes) = (0usize, 0usize);
         let wants_above = self.wants_above;
+        let limit = self.config.max_messages;
         for message in messages.drain(..) {
+            if limit.is_some_and(|max| self.taken >= max) {
+                // The limit is reached: the rest is not taken (not tracked, so not committed).
+                break;
+            }
             let Some(state) = self.sources[slot as usize].as_mut() else {
                 return;
             };
@@ -104,6 +109,9 @@ impl Intake {
             });
             routed += 1;
             routed_bytes += weight;
+            if limit.is_some() {
+                self.taken += 1;
+            }
         }
         self.events.recycle(messages);
         if let Some(state) = self.state(slot) {

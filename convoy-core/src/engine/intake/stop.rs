@@ -6,7 +6,13 @@ use std::collections::BTreeMap;
 use tokio::task::JoinError;
 use tokio::time::Instant;
 
+use std::time::Duration;
+
 use super::{after, Intake, CLOSE_TIMEOUT};
+use crate::config::Drain;
+
+/// The least time the final commit and the close get, however late the drain ended.
+const MIN_FINAL: Duration = Duration::from_millis(500);
 use crate::engine::shard::Epochs;
 use crate::engine::{EngineError, EngineReport};
 use crate::message::SourceId;
@@ -14,7 +20,11 @@ use crate::message::SourceId;
 pub(super) struct Stopping {
     /// Lanes may finish until then; the second signal moves it to now.
     pub drain_until: Instant,
+    /// When the whole stop (drain, final commit, close) must be over.
+    deadline: Instant,
     escalated: bool,
+    /// Queued work was dropped (a drain of what is in flight only).
+    queued_dropped: bool,
 }
 
 /// What a panicked task said.
@@ -49,17 +59,60 @@ impl Intake {
         }
     }
 
-    /// Stops fetching and starts the drain.
+    /// Stops fetching and starts the drain, which ends by the drain timeout and early enough
+    /// to leave a third of the shutdown timeout for the final commit and the close.
     pub(super) fn begin_stop(&mut self) {
         if self.stopping.is_some() {
             return;
         }
-        tracing::info!(held = self.held_total, "shutting down: draining lanes");
+        let deadline = after(self.config.shutdown_timeout);
+        let reserve = self.config.shutdown_timeout / 3;
+        let drain_until = after(self.config.drain_timeout).min(deadline - reserve);
+        tracing::info!(held = self.held_total, drain = ?self.config.drain, "shutting down: draining lanes");
         self.stopping = Some(Stopping {
-            drain_until: after(self.config.drain_timeout),
+            drain_until,
+            deadline,
             escalated: false,
+            queued_dropped: false,
         });
         self.apply_flow();
+    }
+
+    /// A drain of what is in flight drops what is queued behind it, once: uncommitted, it goes
+    /// to the next consumer.
+    pub(super) async fn drop_queued_for_stop(&mut self) {
+        let due = self
+            .stopping
+            .as_ref()
+            .is_some_and(|s| !s.queued_dropped && self.config.drain == Drain::InFlight);
+        if !due {
+            return;
+        }
+        let held = self.held_total;
+        self.drop_queued(Epochs::All).await;
+        tracing::info!(
+            dropped = held - self.held_total,
+            in_flight = self.held_total,
+            "shutting down: finishing what is in flight, leaving what is queued to the next consumer"
+        );
+        if let Some(stopping) = self.stopping.as_mut() {
+            stopping.queued_dropped = true;
+        }
+    }
+
+    /// With a message limit: once that many were taken and all of them finished, stop.
+    pub(super) fn stop_at_limit(&mut self) {
+        let reached = self
+            .config
+            .max_messages
+            .is_some_and(|max| self.taken >= max && self.held_total == 0);
+        if reached && self.stopping.is_none() {
+            tracing::info!(
+                taken = self.taken,
+                "the message limit is reached and every message finished: stopping"
+            );
+            self.begin_stop();
+        }
     }
 
     /// True once the drain is over: nothing held, or its time is up.
@@ -86,7 +139,14 @@ impl Intake {
             // A fatal commit error here changes nothing: the engine is stopping anyway.
             let _ = self.on_committed(commit, result);
         }
-        if self.start_commit(None, self.config.commit_timeout, None) {
+        // The final commit gets half of what is left before the deadline (the close the rest).
+        let deadline = self
+            .stopping
+            .as_ref()
+            .map_or_else(|| after(CLOSE_TIMEOUT), |s| s.deadline);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let commit_timeout = self.config.commit_timeout.min(left / 2).max(MIN_FINAL);
+        if self.start_commit(None, commit_timeout, None) {
             let (commit, result) = self.committer.done().await;
             let _ = self.on_committed(commit, result);
         }
@@ -100,7 +160,8 @@ impl Intake {
                 Some((s.id.clone(), watermark))
             })
             .collect();
-        self.close_transport().await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.close_transport(left.max(MIN_FINAL)).await;
         self.shards.clear();
         while self.shard_tasks.join_next().await.is_some() {}
         let stats = self.stats.snapshot();
@@ -122,16 +183,16 @@ impl Intake {
         while self.shard_tasks.join_next().await.is_some() {}
         // Pending revokes are released by dropping their acks.
         self.revokes.clear();
-        self.close_transport().await;
+        self.close_transport(CLOSE_TIMEOUT).await;
         Err(error)
     }
 
-    async fn close_transport(&self) {
-        match tokio::time::timeout(CLOSE_TIMEOUT, self.control.close()).await {
+    async fn close_transport(&self, within: Duration) {
+        match tokio::time::timeout(within, self.control.close()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "closing the transport failed"),
             Err(_) => tracing::warn!(
-                timeout = ?CLOSE_TIMEOUT,
+                timeout = ?within,
                 "closing the transport did not finish in time"
             ),
         }
