@@ -13,7 +13,7 @@ use crate::config::AmqpConfig;
 use crate::connect::connect;
 use crate::convert::to_message;
 use crate::error::broker;
-use crate::topology;
+use crate::{registry, topology};
 
 /// Checks that RabbitMQ answers (connects and closes at once).
 pub async fn check_reachable(config: &AmqpConfig) -> Result<(), TransportError> {
@@ -23,18 +23,43 @@ pub async fn check_reachable(config: &AmqpConfig) -> Result<(), TransportError> 
 }
 
 /// Declares each `(topic, partitions)` for `config.group` (idempotent; a queue with other
-/// arguments is an error naming it).
+/// arguments is an error naming it), recorded in the topic registry.
 pub async fn create_topics(config: &AmqpConfig, topics: &[(&str, u32)]) -> Result<(), TransportError> {
     let connection = connect(config, "admin").await?;
     let result = async {
         for (topic, partitions) in topics {
-            topology::declare_topic(&connection, topic, config, *partitions).await?;
+            registry::declare_recorded(&connection, topic, config, *partitions).await?;
         }
         Ok::<(), TransportError>(())
     }
     .await;
     crate::connect::close(&connection, "done").await;
     result
+}
+
+/// Declares `topic` with no group: its exchange and partition count, what publishing needs. A
+/// message published while no group's queues are bound is returned, and the publisher reports
+/// it as an error (nothing would keep it).
+pub async fn create_topic_alone(
+    config: &AmqpConfig,
+    topic: &str,
+    partitions: u32,
+) -> Result<(), TransportError> {
+    let connection = connect(config, "admin").await?;
+    let result = async {
+        if topology::declare_topic_only(&connection, topic, partitions).await? {
+            registry::note(&connection, &registry::Record::topic(topic, partitions)).await?;
+        }
+        Ok::<(), TransportError>(())
+    }
+    .await;
+    crate::connect::close(&connection, "done").await;
+    result
+}
+
+/// The topics convoy declared on this broker and the groups receiving each (the registry).
+pub async fn list_topics(config: &AmqpConfig) -> Result<Vec<registry::Topic>, TransportError> {
+    registry::list(config).await
 }
 
 /// Declares the dead-letter stream `name`.
@@ -131,6 +156,11 @@ pub async fn delete_topic(
     let connection = connect(config, "admin").await?;
     let result = async {
         topology::delete_topic(&connection, topic, &config.group, config.partitions).await?;
+        registry::note(
+            &connection,
+            &registry::Record::topic(topic, config.partitions).deleted(),
+        )
+        .await?;
         if let Some(queue) = also {
             let channel = connection
                 .create_channel()

@@ -8,7 +8,9 @@
 //!   members, with handovers that drain and commit (`basic.ack(W, multiple)`) first;
 //! - [`publisher`]: [`AmqpPublisher`] (Kafka-compatible key partitioning, persistent, mandatory,
 //!   confirmed) and [`AmqpDeadLetterSink`];
-//! - [`admin`]: reading a dead-letter stream without consuming it, queue depths, deleting a topic;
+//! - [`admin`]: declaring and listing topics, reading a dead-letter stream without consuming
+//!   it, queue depths, deleting a topic;
+//! - [`registry`]: the topics and groups convoy declared (AMQP cannot list them), in a stream;
 //! - [`baseline`]: a bare lapin consumer, the benchmarks' baseline;
 //! - [`convert`]: deliveries ↔ messages, headers ↔ field tables;
 //! - [`connect`](mod@connect) and [`error`]: connections and error classification.
@@ -21,6 +23,7 @@ pub mod consumer;
 pub mod convert;
 pub mod error;
 pub mod publisher;
+pub mod registry;
 pub mod topology;
 
 pub use config::AmqpConfig;

@@ -259,9 +259,14 @@ impl AmqpPublisher {
             return Err(TransportError::broker(
                 format!("publishing to {}", self.target),
                 format!(
-                    "{} message(s) were unroutable: no queue is bound for their partition; declare the \
-                     topic first (create_topics), with the same number of partitions",
-                    returned.len()
+                    "{} message(s) reached no consumer group: no group's queues receive {} yet (or not \
+                     with this partition count), and RabbitMQ keeps a message only for the groups that \
+                     exist when it is published — declare the group first (`convoy topic create {} \
+                     --for-group GROUP`, create_topics, or start its consumers), with the same number of \
+                     partitions",
+                    returned.len(),
+                    self.target,
+                    self.target
                 ),
             ));
         }

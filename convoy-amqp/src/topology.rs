@@ -171,14 +171,77 @@ async fn declare_queue(
     Ok((queue.message_count(), queue.consumer_count()))
 }
 
+/// What a declare found new.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Declared {
+    /// The topic's exchange did not exist.
+    pub topic_new: bool,
+    /// The group's partition queues did not exist: the group receives only what is published
+    /// from now on.
+    pub group_new: bool,
+}
+
+/// True if an exchange (`exchange`) or a queue named `name` exists (a passive declare, on a
+/// channel of its own: a miss closes it).
+async fn exists(conn: &Connection, exchange: bool, name: &str) -> Result<bool, TopologyError> {
+    on_own_channel(conn, |channel| async move {
+        let answer = if exchange {
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            let declare =
+                channel.exchange_declare(name.into(), ExchangeKind::Direct, passive, FieldTable::default());
+            answered(format!("looking up exchange {name}"), declare)
+                .await?
+                .map(|_| ())
+        } else {
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            let declare = channel.queue_declare(name.into(), passive, FieldTable::default());
+            answered(format!("looking up queue {name}"), declare)
+                .await?
+                .map(|_| ())
+        };
+        match answer {
+            Ok(()) => Ok(true),
+            Err(e) if amqp_error(&e).is_some_and(|(code, _)| code == 404) => Ok(false),
+            Err(e) => Err(TopologyError::Broker(e)),
+        }
+    })
+    .await
+}
+
+/// Declares topic `topic` alone: its exchange and its partition count — what a publisher
+/// needs, no group. A message published while no group's queues are bound is returned
+/// unroutable, and the publisher reports it.
+pub async fn declare_topic_only(
+    conn: &Connection,
+    topic: &str,
+    partitions: u32,
+) -> Result<bool, TopologyError> {
+    let topic_new = !exists(conn, true, topic).await?;
+    on_own_channel(conn, |channel| async move {
+        declare_exchange(&channel, topic, partitions).await
+    })
+    .await?;
+    Ok(topic_new)
+}
+
 /// Declares topic `topic` for `config.group`: the exchange, the dead-letter stream, and the
-/// group's `partitions` queues, bound.
+/// group's `partitions` queues, bound. Says what was new.
 pub async fn declare_topic(
     conn: &Connection,
     topic: &str,
     config: &AmqpConfig,
     partitions: u32,
-) -> Result<(), TopologyError> {
+) -> Result<Declared, TopologyError> {
+    let declared = Declared {
+        topic_new: !exists(conn, true, topic).await?,
+        group_new: !exists(conn, false, &partition_queue(topic, &config.group, 0)).await?,
+    };
     let dead_letters = config.dlq_topic();
     let args = partition_args(config.delivery_limit, &dead_letters);
     on_own_channel(conn, |channel| async move {
@@ -207,7 +270,8 @@ pub async fn declare_topic(
         }
         Ok(())
     })
-    .await
+    .await?;
+    Ok(declared)
 }
 
 /// Declares the dead-letter stream `name`.

@@ -46,6 +46,8 @@ Examples:
   convoy --url kafka://127.0.0.1:9092 bench --scenario seed-load --rate 20000 --duration 10
   printf 'acct-1\\t{\"cents\":500}\\n' | convoy --url kafka://127.0.0.1:9092 --topic ledger produce
   convoy --url kafka://127.0.0.1:9092 --topic ledger --group billing consume --metrics-addr 127.0.0.1:9898
+  convoy --url 'amqp://guest:guest@127.0.0.1:5672/%2f' topic create ledger --partitions 8 --for-group billing
+  convoy --url kafka://127.0.0.1:9092 topic list
   convoy --url kafka://127.0.0.1:9092 --topic ledger dlq list
   convoy --url kafka://127.0.0.1:9092 --topic ledger dlq replay --key acct-1 --dry-run
   convoy --url 'amqp://guest:guest@127.0.0.1:5672/%2f' --topic ledger --group billing consume
@@ -64,6 +66,9 @@ pub enum Command {
     /// Inspect and replay dead letters.
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Create, list and delete topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
 }
 
 /// The benchmark scenarios.
@@ -159,6 +164,59 @@ pub struct ProduceArgs {
     /// Header added to every message, NAME=VALUE (repeatable).
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_pair)]
     pub headers: Vec<(String, String)>,
+    /// Skip lines that are not KEY<separator>PAYLOAD (or whose payload does not decode), naming
+    /// each on stderr, instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
+    /// How each line's payload is written: as the text itself, or binary as base64 or hex.
+    #[arg(long, value_enum, default_value_t = PayloadEncoding::Text)]
+    pub payload_encoding: PayloadEncoding,
+}
+
+/// How a line's payload is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PayloadEncoding {
+    /// The text as it is (UTF-8).
+    Text,
+    /// Standard base64 (with or without padding).
+    Base64,
+    /// Hexadecimal digits, two per byte.
+    Hex,
+}
+
+/// `convoy topic …`.
+#[derive(Subcommand, Debug)]
+pub enum TopicCommand {
+    /// Create a topic (unless it exists): its partitions, the consumer groups to receive it
+    /// (RabbitMQ: a group receives only what is published once its queues exist), replication.
+    Create {
+        /// The topic.
+        name: String,
+        /// Partitions: every member and publisher of the topic must use the same count.
+        #[arg(long, default_value_t = 8)]
+        partitions: u32,
+        /// A consumer group to declare (repeatable; RabbitMQ — Kafka and NATS groups read the
+        /// whole log anyway).
+        #[arg(long = "for-group", value_name = "GROUP")]
+        groups: Vec<String>,
+        /// Copies of each partition (Kafka's replication factor, NATS's replicas).
+        #[arg(long)]
+        replication: Option<u16>,
+    },
+    /// List the topics, their partitions and (RabbitMQ) the groups receiving each.
+    List {
+        /// One JSON object per topic.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a topic and every message in it (RabbitMQ: with every group's queues of it).
+    Delete {
+        /// The topic.
+        name: String,
+        /// A group whose state goes too (repeatable; NATS: its watermark and lease buckets).
+        #[arg(long = "for-group", value_name = "GROUP")]
+        groups: Vec<String>,
+    },
 }
 
 /// `convoy consume`.

@@ -9,6 +9,7 @@ mod dlq;
 mod metrics_server;
 mod produce;
 mod settings;
+mod topic;
 
 use std::process::ExitCode;
 
@@ -19,14 +20,24 @@ use crate::cli::{Cli, Command};
 /// A failed command: one line for the user.
 type CliResult = Result<ExitCode, String>;
 
+/// What is logged unless `RUST_LOG` says otherwise: a consumer's lifecycle (joined, sources
+/// assigned and revoked, outages and recoveries, dead letters) at INFO; warnings elsewhere.
+/// librdkafka's own log is off: it repeats every connection failure several times a second;
+/// convoy reports outages and recoveries itself.
+const DEFAULT_LOG: &str =
+    "warn,rdkafka=off,convoy=info,convoy_core=info,convoy_kafka=info,convoy_amqp=info,convoy_nats=info";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if std::env::var("RUST_LOG").is_ok() {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .init();
-    }
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| match cli.command {
+            Command::Consume(_) => tracing_subscriber::EnvFilter::new(DEFAULT_LOG),
+            _ => tracing_subscriber::EnvFilter::new("warn,rdkafka=off"),
+        });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
@@ -39,11 +50,20 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> CliResult {
     let config = settings::connect_config(&cli)?;
+    if !matches!(cli.command, Command::Bench(_)) && config.url.is_none() {
+        return Err(
+            "name the broker with --url (or CONVOY_URL, or url in --config), e.g. kafka://127.0.0.1:9092: \
+             only `convoy bench` defaults to memory://, which lives inside one process — a message \
+             produced there vanishes when the command ends"
+                .into(),
+        );
+    }
     match cli.command {
         Command::Bench(args) => bench::run(&config, &args).await,
         Command::Produce(args) => produce::run(&config, &args).await,
         Command::Consume(args) => consume::run(&config, &args).await,
         Command::Dlq(command) => dlq::run(&config, command).await,
+        Command::Topic(command) => topic::run(&config, command).await,
     }
 }
 

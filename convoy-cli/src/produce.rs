@@ -1,14 +1,17 @@
-//! `convoy produce`: keyed messages from lines (`KEY<sep>PAYLOAD`) or generated (JSON, or the
-//! benchmark's probes for `convoy bench --prefilled-topic`), published in order and confirmed.
+//! `convoy produce`: keyed messages from lines (`KEY<sep>PAYLOAD`, the payload as text, base64
+//! or hex) or generated (JSON, or the benchmark's probes for `convoy bench --prefilled-topic`),
+//! published in order and confirmed. A bad line stops it — after publishing every line before
+//! it, and saying how many — or, with `--skip-bad-lines`, is named and skipped.
 
 use std::process::ExitCode;
 
-use convoy::{ConnectConfig, OutgoingMessage};
+use base64::Engine as _;
+use convoy::{ConnectConfig, OutgoingMessage, TopicSpec};
 use convoy_testkit::scenario::prefill;
 use convoy_testkit::OrderChecker;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 
-use crate::cli::ProduceArgs;
+use crate::cli::{PayloadEncoding, ProduceArgs};
 use crate::settings::connect;
 
 /// Messages published per confirmed batch.
@@ -25,10 +28,20 @@ pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::CliResult
         .first()
         .cloned()
         .ok_or("name the topic to publish to with --topic (or ?topics= in the URL)")?;
-    // Idempotent: on RabbitMQ this also declares the group's queues, so what is published here
-    // is there for that group's consumers.
+    // Idempotent. On RabbitMQ a group receives only what is published once its queues exist:
+    // the group named (by --group, CONVOY_GROUP, the config file or the URL) is declared, no
+    // other — a publish no group receives is refused, never kept for no one.
+    let groups = match crate::settings::group_named(config) {
+        true => vec![connection.endpoint().group.clone()],
+        false => Vec::new(),
+    };
+    let spec = TopicSpec {
+        partitions: connection.endpoint().partitions,
+        groups,
+        replication: None,
+    };
     connection
-        .create_topic(&topic, connection.endpoint().partitions)
+        .declare_topic(&topic, &spec)
         .await
         .map_err(|e| e.to_string())?;
     let publisher = connection.publisher(&topic).map_err(|e| e.to_string())?;
@@ -75,6 +88,7 @@ pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::CliResult
         };
         let mut lines = reader.lines();
         let mut number = 0u64;
+        let mut skipped = Vec::new();
         while let Some(line) = lines
             .next_line()
             .await
@@ -84,17 +98,56 @@ pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::CliResult
             if line.trim().is_empty() {
                 continue;
             }
-            batch.push(with_headers(parse_line(&line, number, args)?, args));
-            if batch.len() == BATCH {
-                published += flush(&mut batch).await?;
+            match parse_line(&line, number, args) {
+                Ok(message) => batch.push(with_headers(message, args)),
+                Err(bad) if args.skip_bad_lines => {
+                    eprintln!("skipping {bad}");
+                    skipped.push(number);
+                }
+                Err(bad) => {
+                    // Everything before the bad line goes out first, so "published N" is exact.
+                    if !batch.is_empty() {
+                        published += flush(&mut batch)
+                            .await
+                            .map_err(|e| published_before(published, &e))?;
+                    }
+                    return Err(format!(
+                        "{bad}; the {published} message(s) before it were published to {topic} \
+                         (--skip-bad-lines skips such lines instead)"
+                    ));
+                }
             }
+            if batch.len() == BATCH {
+                published += flush(&mut batch)
+                    .await
+                    .map_err(|e| published_before(published, &e))?;
+            }
+        }
+        if !skipped.is_empty() {
+            eprintln!("skipped {} bad line(s): {}", skipped.len(), list(&skipped));
         }
     }
     if !batch.is_empty() {
-        published += flush(&mut batch).await?;
+        published += flush(&mut batch)
+            .await
+            .map_err(|e| published_before(published, &e))?;
     }
     eprintln!("published {published} messages to {topic}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A failed publish, saying how many messages went out before it.
+fn published_before(published: u64, error: &str) -> String {
+    format!("{error} (the {published} message(s) before this batch were published)")
+}
+
+/// Line numbers, the first twenty of them.
+fn list(numbers: &[u64]) -> String {
+    let shown: Vec<String> = numbers.iter().take(20).map(u64::to_string).collect();
+    match numbers.len() > 20 {
+        true => format!("{}, …", shown.join(", ")),
+        false => shown.join(", "),
+    }
 }
 
 fn with_headers(mut message: OutgoingMessage, args: &ProduceArgs) -> OutgoingMessage {
@@ -106,16 +159,86 @@ fn with_headers(mut message: OutgoingMessage, args: &ProduceArgs) -> OutgoingMes
 
 /// One input line as a message, or an error naming the line.
 fn parse_line(line: &str, number: u64, args: &ProduceArgs) -> Result<OutgoingMessage, String> {
+    let decode = |payload: &str| {
+        decode_payload(payload, args.payload_encoding).map_err(|why| format!("line {number}: {why}"))
+    };
     if args.keyless {
-        return Ok(OutgoingMessage::keyless(line.to_owned()));
+        return Ok(OutgoingMessage::keyless(decode(line)?));
     }
     match line.split_once(args.separator.as_str()) {
-        Some((key, payload)) if !key.is_empty() => {
-            Ok(OutgoingMessage::new(key.to_owned(), payload.to_owned()))
-        }
+        Some((key, payload)) if !key.is_empty() => Ok(OutgoingMessage::new(key.to_owned(), decode(payload)?)),
         _ => Err(format!(
             "line {number}: expected KEY{}PAYLOAD (use --separator to change it, or --keyless)",
             args.separator.escape_default()
         )),
+    }
+}
+
+/// A payload as written on a line: the text itself, or bytes in base64 or hex.
+fn decode_payload(text: &str, encoding: PayloadEncoding) -> Result<Vec<u8>, String> {
+    match encoding {
+        PayloadEncoding::Text => Ok(text.as_bytes().to_vec()),
+        PayloadEncoding::Base64 => {
+            let trimmed = text.trim();
+            base64::engine::general_purpose::STANDARD
+                .decode(trimmed)
+                .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(trimmed))
+                .map_err(|e| format!("the payload is not base64 ({e})"))
+        }
+        PayloadEncoding::Hex => {
+            let digits = text.trim().as_bytes();
+            if !digits.len().is_multiple_of(2) {
+                return Err("the payload is not hex (an odd number of digits)".into());
+            }
+            digits
+                .chunks(2)
+                .map(|pair| {
+                    std::str::from_utf8(pair)
+                        .ok()
+                        .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                        .ok_or_else(|| {
+                            format!(
+                                "the payload is not hex ({:?} is no byte)",
+                                String::from_utf8_lossy(pair)
+                            )
+                        })
+                })
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_decode_from_text_base64_and_hex() {
+        assert_eq!(
+            decode_payload("héllo", PayloadEncoding::Text).unwrap(),
+            "héllo".as_bytes()
+        );
+        assert_eq!(
+            decode_payload("AAH/", PayloadEncoding::Base64).unwrap(),
+            [0, 1, 255]
+        );
+        assert_eq!(
+            decode_payload("AAE", PayloadEncoding::Base64).unwrap(),
+            [0, 1],
+            "unpadded"
+        );
+        assert_eq!(
+            decode_payload("0001ff", PayloadEncoding::Hex).unwrap(),
+            [0, 1, 255]
+        );
+        assert!(decode_payload("0g", PayloadEncoding::Hex)
+            .unwrap_err()
+            .contains("not hex"));
+        assert!(decode_payload("abc", PayloadEncoding::Hex)
+            .unwrap_err()
+            .contains("odd"));
+        assert!(decode_payload("@@", PayloadEncoding::Base64)
+            .unwrap_err()
+            .contains("not base64"));
     }
 }

@@ -28,3 +28,18 @@ pub fn connect_config(cli: &Cli) -> Result<ConnectConfig, String> {
 pub async fn connect(config: &ConnectConfig) -> Result<convoy::Connection, String> {
     config.connect().await.map_err(|e| e.to_string())
 }
+
+/// True when the consumer group was named — by `--group`, `CONVOY_GROUP`, the config file or
+/// the URL's `group` parameter — rather than left to the default.
+pub fn group_named(config: &ConnectConfig) -> bool {
+    let in_url = config
+        .url
+        .as_deref()
+        .and_then(|url| url.split_once('?'))
+        .is_some_and(|(_, query)| {
+            query
+                .split('&')
+                .any(|pair| pair.split('=').next() == Some("group"))
+        });
+    config.group.is_some() || in_url
+}

@@ -157,3 +157,107 @@ async fn sigterm_hands_over_without_repeats_and_max_messages_is_exact() {
     let _clean = CleanUp(url.clone(), topic.clone());
     scenarios::processes::sigterm_hands_over_without_repeats(&url, &topic).await;
 }
+
+#[test]
+fn topics_are_created_listed_and_deleted() {
+    let Some(uri) = uri() else { return };
+    scenarios::topic_commands(&uri, &unique("topics"), true);
+}
+
+/// Nothing is published into nowhere (issue 21, item 3): a topic no group receives refuses a
+/// publish, saying so; a group declared with `topic create --for-group` receives what is
+/// published after; a consumer of a group new on a topic that exists is warned it starts empty.
+#[test]
+fn nothing_is_published_into_nowhere_and_a_new_group_is_warned() {
+    let Some(uri) = uri() else { return };
+    let topic = unique("nowhere");
+    let url = format!("{uri}?topics={topic}&partitions=4");
+    let _clean = CleanUp(url.clone(), topic.clone());
+    let produce = |url: &str| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_convoy"))
+            .args(["--url", url, "produce"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"k1\tone\nk2\ttwo\n")
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    // No group yet: refused, and said why.
+    let refused = produce(&url);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("reached no consumer group"), "{stderr}");
+    assert!(stderr.contains("--for-group"), "{stderr}");
+    // With the group declared, it is kept for the group.
+    let created = scenarios::convoy(&[
+        "--url",
+        &url,
+        "topic",
+        "create",
+        &topic,
+        "--partitions",
+        "4",
+        "--for-group",
+        "billing",
+    ]);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let published = produce(&url);
+    assert!(
+        published.status.success(),
+        "{}",
+        String::from_utf8_lossy(&published.stderr)
+    );
+    let billing = format!("{url}&group=billing");
+    let consumed = scenarios::convoy(&["--url", &billing, "consume", "--max-messages", "2"]);
+    assert!(
+        consumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&consumed.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&consumed.stdout)
+            .lines()
+            .filter(|l| l.contains(" key="))
+            .count(),
+        2
+    );
+    // A group new on this topic: warned that it starts empty (then stopped: nothing comes).
+    let audit = format!("{url}&group=audit");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["--url", &audit, "consume"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (found, warned) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let line = std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.contains("is new on topic"));
+        let _ = found.send(line);
+    });
+    // Bounded: a consumer that never warns is killed after a minute and the test fails.
+    let line = warned
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .ok()
+        .flatten();
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line.expect("the new group was warned");
+    assert!(line.contains("receives what is published from now on"), "{line}");
+    let _ = scenarios::convoy(&["--url", &url, "topic", "delete", &topic, "--for-group", "audit"]);
+}

@@ -235,7 +235,7 @@ fn a_bad_config_file_or_variable_is_one_clear_line() {
 #[test]
 fn bad_input_lines_and_unsafe_replays_are_refused() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
-        .args(["--topic", "t", "produce"])
+        .args(["--url", "memory://", "--topic", "t", "produce"])
         .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -248,7 +248,71 @@ fn bad_input_lines_and_unsafe_replays_are_refused() {
         .write_all(b"k1\tv1\nno separator here\n")
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_one_line_error(&out, &["line 2", "KEY\\tPAYLOAD"]);
-    assert_one_line_error(&convoy(&["--topic", "t", "dlq", "replay"]), &["--all"]);
-    assert_one_line_error(&convoy(&["consume"]), &["--topic"]);
+    assert_one_line_error(
+        &out,
+        &[
+            "line 2",
+            "KEY\\tPAYLOAD",
+            "the 1 message(s) before it were published",
+            "--skip-bad-lines",
+        ],
+    );
+    let memory = ["--url", "memory://"];
+    assert_one_line_error(
+        &convoy(&[&memory[..], &["--topic", "t", "dlq", "replay"]].concat()),
+        &["--all"],
+    );
+    assert_one_line_error(&convoy(&[&memory[..], &["consume"]].concat()), &["--topic"]);
+}
+
+#[test]
+fn bad_lines_can_be_skipped_and_payloads_decoded() {
+    let produce = |input: &[u8], extra: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
+            .args(["--url", "memory://", "--topic", "t", "produce"])
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = produce(
+        b"k1\tv1\nno separator\nk2\tv2\n\nalso bad\n",
+        &["--skip-bad-lines"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("skipping line 2"), "{stderr}");
+    assert!(stderr.contains("skipped 2 bad line(s): 2, 5"), "{stderr}");
+    assert!(stderr.contains("published 2 messages"), "{stderr}");
+
+    let out = produce(b"k1\tAAH/\nk2\tnot*base64\n", &["--payload-encoding", "base64"]);
+    assert_one_line_error(
+        &out,
+        &[
+            "line 2",
+            "not base64",
+            "the 1 message(s) before it were published",
+        ],
+    );
+    let out = produce(b"k1\t00ff\n", &["--payload-encoding", "hex"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn commands_other_than_bench_need_a_broker_url() {
+    for command in [
+        &["produce"][..],
+        &["consume"],
+        &["--topic", "t", "dlq", "list"],
+        &["topic", "list"],
+    ] {
+        assert_one_line_error(
+            &convoy(command),
+            &["--url", "CONVOY_URL", "only `convoy bench` defaults to memory://"],
+        );
+    }
 }

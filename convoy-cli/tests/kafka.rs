@@ -143,3 +143,9 @@ async fn sigterm_hands_over_without_repeats_and_max_messages_is_exact() {
     let url = format!("{}&partitions=4", url(&bootstrap, &unique("term-group"), &topic));
     scenarios::processes::sigterm_hands_over_without_repeats(&url, &topic).await;
 }
+
+#[test]
+fn topics_are_created_listed_and_deleted() {
+    let Some(bootstrap) = bootstrap() else { return };
+    scenarios::topic_commands(&format!("kafka://{bootstrap}"), &unique("topics"), false);
+}

@@ -180,3 +180,9 @@ async fn sigterm_hands_over_without_repeats_and_max_messages_is_exact() {
     let _clean = CleanUp(url.clone(), topic.clone());
     scenarios::processes::sigterm_hands_over_without_repeats(&url, &topic).await;
 }
+
+#[test]
+fn topics_are_created_listed_and_deleted() {
+    let Some(server) = server() else { return };
+    scenarios::topic_commands(&server, &unique("topics"), false);
+}

@@ -34,6 +34,11 @@ struct ProbeContext {
 }
 
 impl ClientContext for ProbeContext {
+    /// Polled instead (see `check_reachable`): not logged as well.
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::debug!(%error, reason, "librdkafka error while checking the broker");
+    }
+
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         if (level as i32) <= (RDKafkaLogLevel::Warning as i32) {
             *self.last_complaint.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.to_owned());
@@ -121,18 +126,26 @@ const REACH_STEP: Duration = Duration::from_millis(500);
 /// Creates topics that do not exist yet (`(name, partitions)`) with the broker's default
 /// replication factor; existing ones are left alone.
 pub async fn create_topics(config: &KafkaConfig, topics: &[(&str, i32)]) -> Result<(), TransportError> {
-    let admin: AdminClient<DefaultClientContext> = config
-        .base()
-        .create()
-        .map_err(|e| TransportError::broker("creating a Kafka admin client", e))?;
+    create_topics_replicated(config, topics, None).await
+}
+
+/// Creates topics that do not exist yet (`(name, partitions)`), each partition on
+/// `replication` brokers (`None`: the broker's `default.replication.factor`); existing ones
+/// are left alone.
+pub async fn create_topics_replicated(
+    config: &KafkaConfig,
+    topics: &[(&str, i32)],
+    replication: Option<i32>,
+) -> Result<(), TransportError> {
+    let admin = admin_client(config)?;
+    // -1: the broker's `default.replication.factor` (KIP-464), not a single copy.
+    let replication = replication.unwrap_or(-1);
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        // -1: the broker's `default.replication.factor` (KIP-464), not a single copy.
-        .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(-1)))
+        .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(replication)))
         .collect();
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin
-        .create_topics(&new, &options)
+        .create_topics(&new, &admin_options())
         .await
         .map_err(|e| TransportError::broker("creating topics", e))?;
     for result in results {
@@ -147,6 +160,58 @@ pub async fn create_topics(config: &KafkaConfig, topics: &[(&str, i32)]) -> Resu
         }
     }
     Ok(())
+}
+
+/// Every topic on the cluster but Kafka's internal ones (`__…`): `(name, partitions)`, by name.
+pub async fn list_topics(config: &KafkaConfig) -> Result<Vec<(String, usize)>, TransportError> {
+    let probe = consumer(config, "convoy-admin")?;
+    tokio::task::spawn_blocking(move || {
+        let metadata = probe
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map_err(|e| TransportError::broker("listing the topics", e))?;
+        let mut topics: Vec<(String, usize)> = metadata
+            .topics()
+            .iter()
+            .filter(|t| !t.name().starts_with("__"))
+            .map(|t| (t.name().to_owned(), t.partitions().len()))
+            .collect();
+        topics.sort();
+        Ok(topics)
+    })
+    .await
+    .map_err(|_| TransportError::Closed)?
+}
+
+/// Deletes `topics` (and every message in them); one that does not exist is skipped.
+pub async fn delete_topics(config: &KafkaConfig, topics: &[&str]) -> Result<(), TransportError> {
+    let admin = admin_client(config)?;
+    let results = admin
+        .delete_topics(topics, &admin_options())
+        .await
+        .map_err(|e| TransportError::broker("deleting topics", e))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((topic, code)) => {
+                return Err(TransportError::broker(
+                    format!("deleting topic {topic}"),
+                    rdkafka::error::KafkaError::AdminOp(code),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn admin_client(config: &KafkaConfig) -> Result<AdminClient<DefaultClientContext>, TransportError> {
+    config
+        .base()
+        .create()
+        .map_err(|e| TransportError::broker("creating a Kafka admin client", e))
+}
+
+fn admin_options() -> AdminOptions {
+    AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
 }
 
 /// Every message of `topic` from the beginning of each partition to its end at the time of

@@ -284,6 +284,18 @@ impl MemoryBroker {
         });
     }
 
+    /// Every topic with its partition count, by name.
+    pub fn topics(&self) -> Vec<(String, u32)> {
+        let mut topics: Vec<(String, u32)> = self
+            .state()
+            .topics
+            .iter()
+            .map(|(name, t)| (name.clone(), t.partitions.len() as u32))
+            .collect();
+        topics.sort();
+        topics
+    }
+
     /// Number of partitions of a topic, if it exists.
     pub fn partitions(&self, topic: &str) -> Option<u32> {
         self.state().topics.get(topic).map(|t| t.partitions.len() as u32)

@@ -38,6 +38,22 @@ pub async fn create_topics(config: &NatsConfig, topics: &[(&str, u32)]) -> Resul
     Ok(())
 }
 
+/// The topics convoy's streams hold — a stream whose subjects are `T.0 … T.{N-1}` is topic `T`
+/// of N partitions — by name. (Dead-letter streams, one subject each, are not listed.)
+pub async fn list_topics(config: &NatsConfig) -> Result<Vec<(String, usize)>, TransportError> {
+    let connected = connect(config, "admin").await?;
+    let mut streams = connected.js.streams();
+    let mut topics = Vec::new();
+    while let Some(info) = streams.next().await {
+        let info = info.map_err(|e| nats_error("listing the streams", e))?;
+        if let Some(topic) = topology::topic_of_subjects(&info.config.subjects) {
+            topics.push((topic, info.config.subjects.len()));
+        }
+    }
+    topics.sort();
+    Ok(topics)
+}
+
 /// Declares the dead-letter stream `topic`.
 pub async fn create_dead_letters(config: &NatsConfig, topic: &str) -> Result<(), TransportError> {
     let connected = connect(config, "admin").await?;
@@ -129,6 +145,19 @@ pub async fn committed(config: &NatsConfig, topic: &str) -> Result<Vec<(u32, Off
         }
     }
     Ok(out)
+}
+
+/// Deletes `topic`'s stream alone (a group's buckets stay: they hold its state for every topic
+/// it reads). One that does not exist is skipped.
+pub async fn delete_stream_of(config: &NatsConfig, topic: &str) -> Result<(), TransportError> {
+    let connected = connect(config, "admin").await?;
+    let name = topology::stream_name(topic);
+    match connected.js.delete_stream(&name).await {
+        Err(e) if !e.to_string().contains("not found") => {
+            Err(nats_error(&format!("deleting the stream {name}"), e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Deletes `topic`'s stream, and `also` streams (dead letters) if given, and `config.group`'s

@@ -130,6 +130,13 @@ pub fn token_key(j: u32) -> String {
     format!("x.{j}")
 }
 
+/// The topic a stream of these subjects holds, if they are a convoy topic's: `T.0 … T.{N-1}`.
+pub fn topic_of_subjects(subjects: &[String]) -> Option<String> {
+    let topic = subjects.first()?.strip_suffix(".0")?;
+    let expected = (0..subjects.len()).map(|p| partition_subject(topic, p as u32));
+    expected.eq(subjects.iter().cloned()).then(|| topic.to_owned())
+}
+
 /// True for the key of an extra token.
 pub fn is_token_key(key: &str) -> bool {
     key.starts_with("x.")
@@ -413,6 +420,9 @@ mod tests {
         assert!(leases_bucket("a.b").starts_with("convoy_leases_a_b-"));
         assert!(member_key(7).starts_with(member_key_filter().trim_end_matches('>')));
         assert!(!token_key(0).starts_with(member_key_filter().trim_end_matches('>')));
+        let subjects: Vec<String> = (0..3).map(|p| partition_subject("orders", p)).collect();
+        assert_eq!(topic_of_subjects(&subjects).as_deref(), Some("orders"));
+        assert_eq!(topic_of_subjects(&["orders.dlq".to_owned()]), None);
         assert_eq!(consumer_name(1, 4, 2), "cv-0000000000000001-4-2");
     }
 }

@@ -44,7 +44,7 @@ mod names;
 pub mod settings;
 mod signals;
 
-pub use connection::{connect, Connection, RecordCheck};
+pub use connection::{connect, Connection, RecordCheck, TopicInfo, TopicSpec};
 pub use convoy_core::*;
 pub use error::ConnectError;
 pub use names::unique_suffix;

@@ -100,7 +100,7 @@ pub(super) async fn join(shared: Arc<Shared>) -> Result<GroupMember<Locks>, Tran
     let connection = connect(config, "consume").await?;
     let lease = ConnectionLease::hold(&connection, config.heartbeat_s).await?;
     for topic in &config.topics {
-        topology::declare_topic(&connection, topic, config, config.partitions).await?;
+        crate::registry::declare_recorded(&connection, topic, config, config.partitions).await?;
     }
     let members = answered("opening the membership channel", connection.create_channel())
         .await?

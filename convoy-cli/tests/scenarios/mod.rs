@@ -365,7 +365,7 @@ pub async fn second_ctrl_c(url: &str, topic: &str) {
     let mut seen = Vec::new();
     for line in stderr.by_ref() {
         let line = line.unwrap();
-        let draining = line.contains("stopping: draining");
+        let draining = line.contains("SIGINT: stopping");
         seen.push(line);
         if draining {
             break;
@@ -377,7 +377,7 @@ pub async fn second_ctrl_c(url: &str, topic: &str) {
     std::mem::forget(guard); // exited and reaped: its pid may be reused
     let all = [seen, rest].concat().join("\n");
     assert_eq!(status.code(), Some(130), "{all}");
-    assert!(all.contains("second Ctrl-C: aborting the drain"), "{all}");
+    assert!(all.contains("second SIGINT: aborting the drain"), "{all}");
     assert!(all.contains("2 cancelled unfinished"), "{all}");
 
     // Never finished, so never committed: consumed again, each on one line, escaped.
@@ -434,4 +434,56 @@ pub fn secured_produce_and_consume(url: &str, refused_url: &str, says: &str) {
     println!("refused after {:?}: {stderr}", started.elapsed());
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains(says), "{stderr}");
+}
+
+/// `convoy topic create`, `list` and `delete` on the broker `url` names: the topic appears with
+/// its partitions (and, where groups are declared — RabbitMQ — the group), then goes.
+pub fn topic_commands(url: &str, topic: &str, lists_groups: bool) {
+    let ok = |out: Output| {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ok(convoy(&[
+        "--url",
+        url,
+        "topic",
+        "create",
+        topic,
+        "--partitions",
+        "3",
+        "--for-group",
+        "billing",
+    ]));
+    let listed = ok(convoy(&["--url", url, "topic", "list", "--json"]));
+    let entry: serde_json::Value = listed
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|t| t["topic"] == topic)
+        .unwrap_or_else(|| panic!("{topic} not listed: {listed}"));
+    assert_eq!(entry["partitions"], 3, "{entry}");
+    if lists_groups {
+        assert_eq!(entry["groups"], serde_json::json!(["billing"]), "{entry}");
+    }
+    ok(convoy(&[
+        "--url",
+        url,
+        "topic",
+        "delete",
+        topic,
+        "--for-group",
+        "billing",
+    ]));
+    // Kafka deletes a topic asynchronously: it leaves the listing within moments.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = ok(convoy(&["--url", url, "topic", "list", "--json"]));
+        if !listed.lines().any(|l| l.contains(&format!("\"{topic}\""))) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic} still listed 30 s after delete: {listed}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

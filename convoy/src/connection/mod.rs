@@ -8,6 +8,10 @@ use convoy_core::{
     DeadLetterSink, Message, PrefetchLimit, Publisher, Subscription, Transport, TransportError,
 };
 
+mod topics;
+
+pub use topics::{TopicInfo, TopicSpec};
+
 use crate::backend::{self, Backend};
 use crate::error::ConnectError;
 use crate::settings::{ConnectConfig, Endpoint};

@@ -1,0 +1,177 @@
+//! Topics as an operator manages them, on every broker: create one (partitions, the groups to
+//! receive it, replication), list them, delete one.
+//!
+//! A group's place differs by broker. On Kafka and NATS a topic is a log every group reads from
+//! its start, so groups need nothing declared. On RabbitMQ each group has queues of its own,
+//! and a group receives only what is published once its queues exist: declare the groups when
+//! the topic is created (a publish no group receives is refused, never kept for no one).
+
+use super::Connection;
+use crate::backend::{self, Backend};
+use crate::error::ConnectError;
+
+/// What a topic is created with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicSpec {
+    /// Partitions (every member and publisher of the topic must agree on it).
+    pub partitions: u32,
+    /// Consumer groups to declare (RabbitMQ: their queues, which receive what is published
+    /// from then on; Kafka and NATS need none).
+    pub groups: Vec<String>,
+    /// Copies of each partition: Kafka's replication factor, NATS's stream replicas (RabbitMQ's
+    /// quorum queues replicate over the cluster's nodes by themselves). `None`: the broker's
+    /// default (Kafka) or the connection's setting (NATS).
+    pub replication: Option<u16>,
+}
+
+/// A topic as [`Connection::list_topics`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicInfo {
+    /// The topic.
+    pub name: String,
+    /// Its partitions.
+    pub partitions: u32,
+    /// The groups whose queues receive it (RabbitMQ); empty where every group reads the whole
+    /// log (Kafka, NATS, memory).
+    pub groups: Vec<String>,
+}
+
+impl Connection {
+    /// Creates `topic` as `spec` says, unless it exists (RabbitMQ declares the groups' queues
+    /// either way; a topic declared with another partition count is refused, naming both).
+    pub async fn declare_topic(&self, topic: &str, spec: &TopicSpec) -> Result<(), ConnectError> {
+        let partitions = spec.partitions.max(1);
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(broker) => {
+                backend::memory::ensure_topic(broker, topic, partitions);
+                Ok(())
+            }
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => {
+                let partitions = i32::try_from(partitions).unwrap_or(i32::MAX);
+                let replication = spec.replication.map(i32::from);
+                Ok(
+                    convoy_kafka::admin::create_topics_replicated(
+                        config,
+                        &[(topic, partitions)],
+                        replication,
+                    )
+                    .await?,
+                )
+            }
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let mut config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                config.partitions = partitions;
+                convoy_amqp::admin::create_topic_alone(&config, topic, partitions).await?;
+                for group in &spec.groups {
+                    config.group = group.clone();
+                    convoy_amqp::admin::create_topics(&config, &[(topic, partitions)]).await?;
+                }
+                Ok(())
+            }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let mut config = backend::nats::config_for(config, &self.endpoint, false)?;
+                if let Some(replicas) = spec.replication {
+                    config.replicas = usize::from(replicas);
+                }
+                Ok(convoy_nats::admin::create_topics(&config, &[(topic, partitions)]).await?)
+            }
+        }
+    }
+
+    /// The topics on the broker, by name. RabbitMQ cannot list exchanges: the topics listed
+    /// there are the ones convoy declared (its registry), with their groups.
+    pub async fn list_topics(&self) -> Result<Vec<TopicInfo>, ConnectError> {
+        let plain = |topics: Vec<(String, usize)>| {
+            topics
+                .into_iter()
+                .map(|(name, partitions)| TopicInfo {
+                    name,
+                    partitions: u32::try_from(partitions).unwrap_or(u32::MAX),
+                    groups: Vec::new(),
+                })
+                .collect()
+        };
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(broker) => Ok(plain(
+                broker
+                    .topics()
+                    .into_iter()
+                    .map(|(name, partitions)| (name, partitions as usize))
+                    .collect(),
+            )),
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => Ok(plain(convoy_kafka::admin::list_topics(config).await?)),
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                let topics = convoy_amqp::admin::list_topics(&config).await?;
+                Ok(topics
+                    .into_iter()
+                    .map(|t| TopicInfo {
+                        name: t.name,
+                        partitions: t.partitions,
+                        groups: t.groups,
+                    })
+                    .collect())
+            }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = backend::nats::config_for(config, &self.endpoint, false)?;
+                Ok(plain(convoy_nats::admin::list_topics(&config).await?))
+            }
+        }
+    }
+
+    /// Deletes `topic` and every message in it. On RabbitMQ also the queues of every group it
+    /// had (what convoy's registry knows, and `groups`); on NATS the watermark and lease buckets
+    /// of `groups` — a group's buckets hold its state for every topic it reads, so they go only
+    /// when named.
+    pub async fn remove_topic(&self, topic: &str, groups: &[String]) -> Result<(), ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(_) => Err(convoy_core::ConfigError::invalid(
+                "topic",
+                "memory:// topics live as long as the process: there is nothing to delete",
+            )
+            .into()),
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => Ok(convoy_kafka::admin::delete_topics(config, &[topic]).await?),
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let mut config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                let known = convoy_amqp::admin::list_topics(&config)
+                    .await?
+                    .into_iter()
+                    .find(|t| t.name == topic);
+                let mut all: Vec<String> = groups.to_vec();
+                if let Some(known) = &known {
+                    config.partitions = known.partitions;
+                    all.extend(known.groups.iter().cloned());
+                }
+                all.push(self.endpoint.group.clone());
+                all.sort();
+                all.dedup();
+                for group in all {
+                    config.group = group;
+                    convoy_amqp::admin::delete_topic(&config, topic, None).await?;
+                }
+                Ok(())
+            }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let mut config = backend::nats::config_for(config, &self.endpoint, false)?;
+                convoy_nats::admin::delete_stream_of(&config, topic).await?;
+                for group in groups {
+                    config.group = group.clone();
+                    convoy_nats::admin::delete_topic(&config, topic, &[]).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
