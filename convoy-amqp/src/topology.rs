@@ -244,16 +244,23 @@ pub async fn declare_topic(
     };
     let dead_letters = config.dlq_topic();
     let args = partition_args(config.delivery_limit, &dead_letters);
+    // Before the queues that dead-letter to it: a message routed to a missing queue is dropped.
+    // A stream the broker cannot serve now (RabbitMQ 3.10 leaves a stream declared moments
+    // before a node crash "down or inaccessible" after the restart) does not stop consuming:
+    // dead letters wait in their lanes — the sink declares it again on every failed one —
+    // until it serves again or an operator deletes it. Only another queue of its name stops.
+    match declare_stream(conn, &dead_letters).await {
+        Ok(()) => {}
+        Err(e @ TopologyError::Mismatch { .. }) => return Err(e),
+        Err(e) => tracing::warn!(
+            stream = %dead_letters,
+            error = %e,
+            "the dead-letter stream cannot be declared now; consuming goes on, dead letters wait \
+             until it can (if it stays so, delete it: convoy declares it again)"
+        ),
+    }
     on_own_channel(conn, |channel| async move {
         declare_exchange(&channel, topic, partitions).await?;
-        // Before the queues that dead-letter to it: a message routed to a missing queue is dropped.
-        declare_queue(
-            &channel,
-            &dead_letters,
-            QueueDeclareOptions::durable(),
-            stream_args(),
-        )
-        .await?;
         for p in 0..partitions {
             let queue = partition_queue(topic, &config.group, p);
             declare_queue(&channel, &queue, QueueDeclareOptions::durable(), args.clone()).await?;

@@ -69,6 +69,26 @@ pub enum Command {
     /// Create, list and delete topics.
     #[command(subcommand)]
     Topic(TopicCommand),
+    /// The live view of a running `convoy consume --metrics-addr ADDR`: sources, watermarks,
+    /// lag, held messages, the longest-running lanes (stuck keys) and the largest backlogs.
+    Lanes(LanesArgs),
+}
+
+/// `convoy lanes`.
+#[derive(Args, Debug)]
+pub struct LanesArgs {
+    /// The consumer's --metrics-addr.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: String,
+    /// Lanes of each kind shown.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Refresh every this many seconds (Ctrl-C to quit).
+    #[arg(long, value_name = "SECONDS")]
+    pub watch: Option<f64>,
+    /// Print the endpoint's JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The benchmark scenarios.

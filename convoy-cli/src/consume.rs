@@ -50,9 +50,10 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         return Err("--commit-interval-ms must be > 0".into());
     }
     // The recorder must be in place before the engine registers its metric handles.
-    if let Some(addr) = args.metrics_addr {
-        metrics_server::serve(addr)?;
-    }
+    let endpoint = match args.metrics_addr {
+        Some(addr) => Some(metrics_server::serve(addr).await?),
+        None => None,
+    };
     let (quiet, work) = (args.quiet, Duration::from_millis(args.work_ms));
     let handler = handler_fn(move |d: Delivery| async move {
         if !work.is_zero() {
@@ -92,6 +93,9 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
     // Listening before the engine starts: from here on no signal is lost (see `StopSignals`).
     let mut signals = StopSignals::listen().map_err(|e| format!("cannot listen for SIGINT/SIGTERM: {e}"))?;
     let running = engine.start(&connection).await.map_err(|e| e.to_string())?;
+    if let Some(endpoint) = &endpoint {
+        endpoint.engine_started(running.stats_reader(), running.inspector());
+    }
     let stopper = running.stopper();
     let join = running.join();
     tokio::pin!(join);

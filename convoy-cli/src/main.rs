@@ -6,6 +6,7 @@ mod bench;
 mod cli;
 mod consume;
 mod dlq;
+mod lanes;
 mod metrics_server;
 mod produce;
 mod settings;
@@ -24,15 +25,17 @@ type CliResult = Result<ExitCode, String>;
 /// assigned and revoked, outages and recoveries, dead letters) at INFO; warnings elsewhere.
 /// librdkafka's own log is off: it repeats every connection failure several times a second;
 /// convoy reports outages and recoveries itself.
+/// lapin logs every channel the broker closes as an error, and convoy closes channels by design
+/// (a lock already taken, a queue looked up that is not there): off too.
 const DEFAULT_LOG: &str =
-    "warn,rdkafka=off,convoy=info,convoy_core=info,convoy_kafka=info,convoy_amqp=info,convoy_nats=info";
+    "warn,rdkafka=off,lapin=off,convoy=info,convoy_core=info,convoy_kafka=info,convoy_amqp=info,convoy_nats=info";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| match cli.command {
             Command::Consume(_) => tracing_subscriber::EnvFilter::new(DEFAULT_LOG),
-            _ => tracing_subscriber::EnvFilter::new("warn,rdkafka=off"),
+            _ => tracing_subscriber::EnvFilter::new("warn,rdkafka=off,lapin=off"),
         });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -50,7 +53,12 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> CliResult {
     let config = settings::connect_config(&cli)?;
-    if !matches!(cli.command, Command::Bench(_)) && config.url.is_none() {
+    let command = match cli.command {
+        // The view of a running consumer: its endpoint, not a broker.
+        Command::Lanes(args) => return lanes::run(&args).await,
+        other => other,
+    };
+    if !matches!(command, Command::Bench(_)) && config.url.is_none() {
         return Err(
             "name the broker with --url (or CONVOY_URL, or url in --config), e.g. kafka://127.0.0.1:9092: \
              only `convoy bench` defaults to memory://, which lives inside one process — a message \
@@ -58,12 +66,13 @@ async fn run(cli: Cli) -> CliResult {
                 .into(),
         );
     }
-    match cli.command {
+    match command {
         Command::Bench(args) => bench::run(&config, &args).await,
         Command::Produce(args) => produce::run(&config, &args).await,
         Command::Consume(args) => consume::run(&config, &args).await,
         Command::Dlq(command) => dlq::run(&config, command).await,
         Command::Topic(command) => topic::run(&config, command).await,
+        Command::Lanes(args) => lanes::run(&args).await,
     }
 }
 

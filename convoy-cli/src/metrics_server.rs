@@ -1,25 +1,238 @@
-//! Prometheus metrics over HTTP: the engine's `metrics` go to metrics-exporter-prometheus, whose
-//! own HTTP listener serves them (`GET /metrics`).
+//! The operator's endpoint of `convoy consume --metrics-addr`: Prometheus metrics, health,
+//! readiness and the live view of the lanes, over HTTP (hyper).
+//!
+//! - `GET /metrics` — the engine's metrics (metrics-exporter-prometheus), durations as
+//!   histograms with fixed buckets, so they add up across replicas;
+//! - `GET /healthz` — 200 while the process answers (alive);
+//! - `GET /readyz` — 200 once the engine runs, holds sources and its commits go through (or
+//!   failed for less than [`COMMITS_FAILING_AT_MOST`]); 503 with the reason otherwise;
+//! - `GET /lanes?top=N` — JSON: every source (watermark, committed, lag, held, window, paused),
+//!   the lanes whose head runs longest (attempts, last error) and the most queued keys;
+//! - anything else — 404, naming these.
 
+use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::PrometheusBuilder;
+use bytes::Bytes;
+use convoy::{Inspection, Inspector, StatsReader};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
+use serde_json::json;
 
 /// How long a gauge nobody sets any more stays on the page.
 const GONE_AFTER: Duration = Duration::from_secs(30);
 
-/// Installs the Prometheus recorder and serves it on `addr`, on the current runtime. Must run
-/// before the engine registers its metric handles.
-pub fn serve(addr: SocketAddr) -> Result<(), String> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+/// Commits failing for longer than this make the member not ready.
+pub const COMMITS_FAILING_AT_MOST: Duration = Duration::from_secs(30);
+
+/// Buckets of every `*_seconds` histogram: 100 µs to 60 s.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Lanes of each kind `/lanes` shows unless asked for another count.
+const DEFAULT_TOP: usize = 10;
+
+/// What the endpoint serves; the engine's parts are set once it started.
+pub struct Endpoint {
+    prometheus: PrometheusHandle,
+    engine: OnceLock<(StatsReader, Inspector)>,
+}
+
+impl Endpoint {
+    /// The running engine, whose state `/readyz` and `/lanes` show.
+    pub fn engine_started(&self, stats: StatsReader, inspector: Inspector) {
+        let _ = self.engine.set((stats, inspector));
+    }
+}
+
+/// Installs the Prometheus recorder and serves the endpoint on `addr`, on the current runtime.
+/// Must run before the engine registers its metric handles.
+pub async fn serve(addr: SocketAddr) -> Result<Arc<Endpoint>, String> {
+    let prometheus = PrometheusBuilder::new()
         // The engine sets its gauges on every tick; those of a partition this member handed
         // over or lost are never set again, and go from the page after this long.
         .idle_timeout(MetricKindMask::GAUGE, Some(GONE_AFTER))
-        .install()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        .map_err(|e| format!("metric buckets: {e}"))?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
         .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
-    eprintln!("metrics at http://{addr}/metrics");
-    Ok(())
+    let endpoint = Arc::new(Endpoint {
+        prometheus,
+        engine: OnceLock::new(),
+    });
+    let serving = endpoint.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let endpoint = serving.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let endpoint = endpoint.clone();
+                    async move { Ok::<_, Infallible>(endpoint.answer(request).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    eprintln!("metrics at http://{addr}/metrics (also /healthz, /readyz, /lanes)");
+    Ok(endpoint)
+}
+
+fn respond(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    if let Ok(value) = content_type.parse() {
+        response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Full<Bytes>> {
+    respond(status, "application/json", value.to_string())
+}
+
+impl Endpoint {
+    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        match request.uri().path() {
+            "/metrics" => respond(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                self.prometheus.render(),
+            ),
+            "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
+            "/readyz" => self.readiness(),
+            "/lanes" => {
+                let top = query(request.uri().query(), "top")
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(DEFAULT_TOP);
+                self.lanes(top).await
+            }
+            other => respond(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                format!("no {other} here: /metrics, /healthz, /readyz, /lanes\n"),
+            ),
+        }
+    }
+
+    fn readiness(&self) -> Response<Full<Bytes>> {
+        let Some((stats, _)) = self.engine.get() else {
+            return json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"ready": false, "reason": "the engine has not started (connecting, joining the group)"}),
+            );
+        };
+        let s = stats.snapshot();
+        let reason = if s.sources == 0 {
+            Some(
+                "no sources assigned (joining the group, a rebalance, or more members than partitions)"
+                    .to_owned(),
+            )
+        } else {
+            s.commits_failing_for
+                .filter(|failing| *failing > COMMITS_FAILING_AT_MOST)
+                .map(|failing| format!("commits have been failing for {} s", failing.as_secs()))
+        };
+        let body = json!({
+            "ready": reason.is_none(),
+            "reason": reason,
+            "sources": s.sources,
+            "held": s.held,
+            "commits": s.commits,
+            "commits_failing_for_s": s.commits_failing_for.map(|d| d.as_secs_f64()),
+        });
+        let status = match reason {
+            None => StatusCode::OK,
+            Some(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        json_response(status, &body)
+    }
+
+    async fn lanes(&self, top: usize) -> Response<Full<Bytes>> {
+        let Some((stats, inspector)) = self.engine.get() else {
+            return json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"error": "the engine has not started"}),
+            );
+        };
+        match inspector.inspect(top).await {
+            Some(inspection) => json_response(StatusCode::OK, &to_json(&inspection, stats)),
+            None => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"error": "the engine stopped"}),
+            ),
+        }
+    }
+}
+
+/// The value of `name` in a query string.
+fn query<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// An inspection as `/lanes` serves it (and `convoy lanes` reads it).
+fn to_json(inspection: &Inspection, stats: &StatsReader) -> serde_json::Value {
+    let s = stats.snapshot();
+    let lane = |l: &convoy::LaneView| {
+        json!({
+            "key": l.key,
+            "source": l.source.as_str(),
+            "offset": l.offset,
+            "attempts": l.attempts,
+            "running_for_s": l.running_for.map(|d| d.as_secs_f64()),
+            "last_error": l.last_error,
+            "queued": l.queued,
+            "stuck": matches!((l.running_for, inspection.stuck_timeout), (Some(r), Some(t)) if r >= t),
+        })
+    };
+    let sources: Vec<serde_json::Value> = inspection
+        .sources
+        .iter()
+        .map(|v| {
+            json!({
+                "source": v.source.as_str(),
+                "watermark": v.watermark,
+                "committed": v.committed,
+                "lag": v.lag,
+                "held": v.held,
+                "window": v.window,
+                "paused": v.paused,
+            })
+        })
+        .collect();
+    let totals: BTreeMap<&str, serde_json::Value> = BTreeMap::from([
+        ("handled", json!(s.handled)),
+        ("dead_lettered", json!(s.dead_lettered)),
+        ("duplicates", json!(s.duplicates)),
+        ("retries", json!(s.retries)),
+        ("held", json!(s.held)),
+        ("active_lanes", json!(s.active_lanes)),
+        ("paused_sources", json!(s.paused_sources)),
+    ]);
+    json!({
+        "totals": totals,
+        "sources": sources,
+        "oldest": inspection.oldest.iter().map(lane).collect::<Vec<_>>(),
+        "backlog": inspection.backlog.iter().map(lane).collect::<Vec<_>>(),
+        "stuck_timeout_s": inspection.stuck_timeout.map(|d| d.as_secs_f64()),
+    })
 }

@@ -261,3 +261,28 @@ fn nothing_is_published_into_nowhere_and_a_new_group_is_warned() {
     assert!(line.contains("receives what is published from now on"), "{line}");
     let _ = scenarios::convoy(&["--url", &url, "topic", "delete", &topic, "--for-group", "audit"]);
 }
+
+/// A RabbitMQ outage under `convoy consume` is said once, and its end too.
+#[test]
+fn a_broker_outage_is_logged_and_its_end_too() {
+    if uri().is_none() {
+        return;
+    }
+    let node = match RabbitNode::start() {
+        Ok(node) => node,
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let topic = unique("outage");
+    let url = format!(
+        "{}?topics={topic}&group={topic}-g&partitions=2&heartbeat=3",
+        node.uri()
+    );
+    scenarios::an_outage_is_logged(
+        &url,
+        "RabbitMQ connection lost",
+        "reconnected to RabbitMQ",
+        || node.kill(),
+        || node.boot().unwrap(),
+    );
+}

@@ -149,3 +149,34 @@ fn topics_are_created_listed_and_deleted() {
     let Some(bootstrap) = bootstrap() else { return };
     scenarios::topic_commands(&format!("kafka://{bootstrap}"), &unique("topics"), false);
 }
+
+/// A Kafka outage under `convoy consume` is said once, and its end too (librdkafka's own
+/// repeated connection errors are not shown).
+#[test]
+fn a_broker_outage_is_logged_and_its_end_too() {
+    if bootstrap().is_none() {
+        return;
+    }
+    let cluster = match convoy_testkit::nodes::kafka::KafkaCluster::start(1) {
+        Ok(cluster) => std::sync::Mutex::new(cluster),
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let bootstrap = cluster.lock().unwrap().bootstrap();
+    let topic = unique("outage");
+    let url = format!("{}&partitions=2", url(&bootstrap, &format!("{topic}-g"), &topic));
+    // The topic exists before the consumer joins.
+    let created = scenarios::convoy(&["--url", &url, "topic", "create", &topic, "--partitions", "2"]);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    scenarios::an_outage_is_logged(
+        &url,
+        "Kafka brokers unreachable",
+        "Kafka brokers answer again",
+        || cluster.lock().unwrap().node(1).unwrap().kill(),
+        || cluster.lock().unwrap().node(1).unwrap().restart().unwrap(),
+    );
+}

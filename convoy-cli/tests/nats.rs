@@ -186,3 +186,26 @@ fn topics_are_created_listed_and_deleted() {
     let Some(server) = server() else { return };
     scenarios::topic_commands(&server, &unique("topics"), false);
 }
+
+/// A NATS outage under `convoy consume` is said once, and its end too.
+#[test]
+fn a_broker_outage_is_logged_and_its_end_too() {
+    if server().is_none() {
+        return;
+    }
+    let server = match NatsServer::start() {
+        Ok(server) => Mutex::new(server),
+        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(e) => panic!("{e}"),
+    };
+    let address = server.lock().unwrap().address();
+    let topic = unique("outage");
+    let url = url(&format!("nats://{address}"), &format!("{topic}-g"), &topic);
+    scenarios::an_outage_is_logged(
+        &url,
+        "NATS connection lost",
+        "NATS connection back",
+        || server.lock().unwrap().kill(),
+        || server.lock().unwrap().restart().unwrap(),
+    );
+}

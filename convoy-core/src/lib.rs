@@ -40,7 +40,8 @@ pub mod watermark;
 pub use config::{BackPressure, ConfigError, Drain, EngineConfig, KeylessPolicy};
 pub use dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 pub use engine::{
-    Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, StatsReader, StatsSnapshot, Stopper,
+    Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, Inspection, Inspector, LaneView,
+    SourceView, StatsReader, StatsSnapshot, Stopper,
 };
 pub use handler::{handler_fn, Delivery, ErrorClass, Handler, HandlerError};
 pub use idempotency::{IdempotencyStore, MemoryIdempotencyStore};

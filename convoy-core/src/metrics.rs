@@ -5,6 +5,8 @@
 
 use metrics::{Counter, Gauge, Histogram};
 
+use crate::message::SourceId;
+
 /// Messages received from the transport.
 pub const CONSUMED: &str = "convoy_consumed_total";
 /// Messages finished, labelled `outcome` = `handled` | `dead_lettered` | `duplicate`.
@@ -34,6 +36,49 @@ pub const PAUSED_SOURCES: &str = "convoy_paused_sources";
 pub const COMMIT_FAILURES: &str = "convoy_commit_failures_total";
 /// Operational failures: a source's lowest unfinished message exceeded the stuck timeout.
 pub const STUCK: &str = "convoy_stuck_total";
+
+/// Gives every metric its help text and unit (once per process): exporters print them
+/// (Prometheus's `# HELP`). Called when an engine registers its handles.
+pub fn describe() {
+    static DESCRIBED: std::sync::Once = std::sync::Once::new();
+    DESCRIBED.call_once(|| {
+        use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        describe_counter!(CONSUMED, Unit::Count, "Messages received from the broker and taken into lanes.");
+        describe_counter!(
+            HANDLED,
+            Unit::Count,
+            "Messages finished, by outcome: handled, dead_lettered, duplicate (skipped by event id)."
+        );
+        describe_counter!(RETRIES, Unit::Count, "Transient handler failures retried inside their lane.");
+        describe_counter!(DEAD_LETTERED, Unit::Count, "Messages dead-lettered, by cause (terminal, exhausted, malformed, panic, stuck, ...).");
+        describe_counter!(
+            DEAD_LETTER_SINK_FAILURES,
+            Unit::Count,
+            "Failed attempts to publish a dead letter; each is retried while its lane waits."
+        );
+        describe_histogram!(HANDLER_DURATION, Unit::Seconds, "Duration of each handler attempt.");
+        describe_histogram!(
+            QUEUE_TIME,
+            Unit::Seconds,
+            "Time from receipt to a message's first attempt: waiting behind its key's earlier messages and for a call slot."
+        );
+        describe_gauge!(ACTIVE_LANES, Unit::Count, "Lanes (keys with work) alive now.");
+        describe_gauge!(IN_FLIGHT, Unit::Count, "Messages held now: queued in lanes plus being handled.");
+        describe_gauge!(
+            SOURCE_LAG,
+            Unit::Count,
+            "Per source: the newest offset minus the committed watermark (reported while paused too)."
+        );
+        describe_gauge!(WATERMARK, Unit::Count, "Per source: the contiguous watermark (every offset up to it finished).");
+        describe_gauge!(PAUSED_SOURCES, Unit::Count, "Sources whose fetching back-pressure has paused.");
+        describe_counter!(COMMIT_FAILURES, Unit::Count, "Commits the broker refused or did not confirm in time (retried).");
+        describe_counter!(
+            STUCK,
+            Unit::Count,
+            "Messages found stuck (handled longer than the stuck timeout) and dead-lettered with cause stuck."
+        );
+    });
+}
 
 /// Handles used on the per-message path.
 pub(crate) struct LaneMetrics {
@@ -80,6 +125,7 @@ pub(crate) struct IntakeMetrics {
 
 impl IntakeMetrics {
     pub fn new(group: &str) -> Self {
+        describe();
         let g = group.to_owned();
         IntakeMetrics {
             consumed: metrics::counter!(CONSUMED, "group" => g.clone()),
@@ -91,14 +137,24 @@ impl IntakeMetrics {
         }
     }
 
-    pub fn source_gauges(group: &str, source: &str, watermark: Option<u64>, lag: Option<u64>) {
+    /// A source's gauges, labelled with the group, the source and — for a partition — its
+    /// `topic` and `partition`, so dashboards can sum by topic across replicas.
+    pub fn source_gauges(group: &str, source: &SourceId, watermark: Option<u64>, lag: Option<u64>) {
+        let (topic, partition) = match source.topic_partition() {
+            Some((topic, partition)) => (topic.to_owned(), partition.to_string()),
+            None => (source.as_str().to_owned(), String::new()),
+        };
+        let labels = [
+            ("group", group.to_owned()),
+            ("source", source.as_str().to_owned()),
+            ("topic", topic),
+            ("partition", partition),
+        ];
         if let Some(w) = watermark {
-            metrics::gauge!(WATERMARK, "group" => group.to_owned(), "source" => source.to_owned())
-                .set(w as f64);
+            metrics::gauge!(WATERMARK, &labels).set(w as f64);
         }
         if let Some(l) = lag {
-            metrics::gauge!(SOURCE_LAG, "group" => group.to_owned(), "source" => source.to_owned())
-                .set(l as f64);
+            metrics::gauge!(SOURCE_LAG, &labels).set(l as f64);
         }
     }
 }

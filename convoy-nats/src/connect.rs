@@ -45,6 +45,8 @@ pub async fn connect(config: &NatsConfig, purpose: &str) -> Result<Connected, Tr
         .connection_name
         .clone()
         .unwrap_or_else(|| format!("convoy-{purpose}-{}", config.group));
+    // Since when the connection is lost (said once, and again when it is back).
+    let lost: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>> = Default::default();
     let mut options = ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_millis(config.connect_timeout_ms))
@@ -53,14 +55,26 @@ pub async fn connect(config: &NatsConfig, purpose: &str) -> Result<Connected, Tr
         .reconnect_delay_callback(|attempt| {
             Duration::from_millis(100 * attempt as u64).min(MAX_RECONNECT_DELAY)
         })
-        .event_callback(|event| async move {
-            match event {
-                Event::Disconnected => tracing::warn!("NATS connection lost; reconnecting"),
-                Event::Connected => tracing::debug!("NATS connected"),
-                Event::SlowConsumer(sid) => {
-                    tracing::warn!(sid, "NATS subscription too slow: the client dropped messages")
+        .event_callback(move |event| {
+            let lost = lost.clone();
+            async move {
+                match event {
+                    Event::Disconnected => {
+                        let mut since = lost.lock().unwrap_or_else(|p| p.into_inner());
+                        if since.is_none() {
+                            tracing::warn!("NATS connection lost; reconnecting (said again when it is back)");
+                            *since = Some(std::time::Instant::now());
+                        }
+                    }
+                    Event::Connected => match lost.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                        Some(since) => tracing::info!(lost_for = ?since.elapsed(), "NATS connection back"),
+                        None => tracing::debug!("NATS connected"),
+                    },
+                    Event::SlowConsumer(sid) => {
+                        tracing::warn!(sid, "NATS subscription too slow: the client dropped messages")
+                    }
+                    other => tracing::debug!(%other, "NATS event"),
                 }
-                other => tracing::debug!(%other, "NATS event"),
             }
         })
         .require_tls(tls);

@@ -380,6 +380,8 @@ pub(super) async fn run(shared: Arc<Shared>, mut member: GroupMember<Locks>) {
             }
         }
         let mut backoff = Duration::from_millis(100);
+        let (lost_at, mut attempts) = (std::time::Instant::now(), 0u32);
+        let mut last_said = String::new();
         member = loop {
             if shared.departure.is_asked() {
                 shared.departure.left();
@@ -389,15 +391,26 @@ pub(super) async fn run(shared: Arc<Shared>, mut member: GroupMember<Locks>) {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = shared.departure.asked() => continue,
             }
+            attempts += 1;
             match join(shared.clone()).await {
-                Ok(member) => break member,
+                Ok(member) => {
+                    tracing::info!(lost_for = ?lost_at.elapsed(), attempts, "reconnected to RabbitMQ");
+                    break member;
+                }
                 Err(e) if e.is_fatal() => {
                     let _ = shared.events.control(SourceEvent::Failed(e));
                     shared.departure.left();
                     return;
                 }
+                // Said when the reason changes, not on every attempt of an outage.
                 Err(e) => {
-                    tracing::warn!(error = %e, ?backoff, "reconnecting to RabbitMQ failed; retrying");
+                    let said = e.to_string();
+                    if said != last_said {
+                        tracing::warn!(error = %said, "joining RabbitMQ again failed; retrying (said again when it succeeds or fails otherwise)");
+                        last_said = said;
+                    } else {
+                        tracing::debug!(error = %e, ?backoff, "joining RabbitMQ again failed again");
+                    }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }

@@ -202,9 +202,14 @@ fn handled_total(metrics: &str) -> f64 {
 }
 
 fn scrape(addr: &str) -> String {
+    get(addr, "/metrics")
+}
+
+/// `GET path` from the consumer's endpoint: the whole response, status line first.
+pub fn get(addr: &str, path: &str) -> String {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
@@ -278,6 +283,45 @@ pub fn consume_prints_and_serves_metrics(url: &str) {
         assert!(metrics.contains(name), "{name} missing:\n{metrics}");
     }
     assert_eq!(handled_total(&metrics), 200.0);
+    // Help text, histograms (buckets add up across replicas), and sources labelled by topic
+    // and partition (the gauges come with the next lag query: wait for them).
+    assert!(metrics.contains("# HELP convoy_handled_total"), "{metrics}");
+    assert!(
+        metrics.contains("convoy_handler_duration_seconds_bucket{"),
+        "{metrics}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !scrape(&addr)
+        .lines()
+        .any(|l| l.starts_with("convoy_source_lag{") && l.contains("partition=\""))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no convoy_source_lag with topic and partition labels"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Alive, ready (it holds sources, its commits go through), the live view, nothing else.
+    assert!(get(&addr, "/healthz").starts_with("HTTP/1.1 200"));
+    let ready = get(&addr, "/readyz");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(get(&addr, "/anything").starts_with("HTTP/1.1 404"));
+    let lanes = get(&addr, "/lanes");
+    let body = lanes.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let view: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {lanes}"));
+    assert!(!view["sources"].as_array().unwrap().is_empty(), "{view}");
+    assert_eq!(view["totals"]["handled"], 200, "{view}");
+    let table = convoy(&["lanes", "--addr", &addr]);
+    let shown = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.status.success(),
+        "{}",
+        String::from_utf8_lossy(&table.stderr)
+    );
+    assert!(
+        shown.contains("handled 200") && shown.contains("watermark"),
+        "{shown}"
+    );
     // Ctrl-C: drain, commit, leave, report.
     Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -486,4 +530,76 @@ pub fn topic_commands(url: &str, topic: &str, lists_groups: bool) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A broker outage under a running `convoy consume` is not passed in silence (issue 21, item
+/// 4): with the default log level the consumer says when the broker went away (`says_lost`,
+/// once) and when it is back (`says_back`). `down` kills the broker, `up` brings it back.
+pub fn an_outage_is_logged(
+    url: &str,
+    says_lost: &str,
+    says_back: &str,
+    down: impl FnOnce(),
+    up: impl FnOnce(),
+) {
+    let mut consume = Command::new(env!("CARGO_BIN_EXE_convoy"));
+    consume.args(["--url", url, "consume"]).env_remove("RUST_LOG");
+    if let Ok(filter) = std::env::var("CONVOY_TEST_CHILD_LOG") {
+        consume.env("RUST_LOG", filter); // to read what happened in a failure
+    }
+    let mut child = consume
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(child.id());
+    let (line_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let wait_for = |what: &str, seen: &mut Vec<String>| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(what);
+                    seen.push(line);
+                    if found {
+                        return Instant::now();
+                    }
+                }
+                Err(_) => panic!("the consumer never said {what:?}; it said:\n{}", seen.join("\n")),
+            }
+        }
+    };
+    wait_for("source assigned", &mut seen);
+    let killed = Instant::now();
+    down();
+    let said_lost = wait_for(says_lost, &mut seen);
+    up();
+    let back = Instant::now();
+    let said_back = wait_for(says_back, &mut seen);
+    println!(
+        "outage: said {says_lost:?} {:?} after the kill, {says_back:?} {:?} after the broker was back",
+        said_lost - killed,
+        said_back.saturating_duration_since(back)
+    );
+    let lost_lines = seen.iter().filter(|l| l.contains(says_lost)).count();
+    assert_eq!(
+        lost_lines,
+        1,
+        "the outage is said once, not on every retry:\n{}",
+        seen.join("\n")
+    );
+    interrupt(&child);
+    let status = wait_exit(&mut child);
+    std::mem::forget(guard);
+    assert!(status.success(), "{}", seen.join("\n"));
 }

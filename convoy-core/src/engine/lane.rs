@@ -99,6 +99,36 @@ pub(crate) struct ShardContext {
     pub calls: Option<Arc<CallSlots>>,
     /// This shard's number (its stripe of the call slots).
     pub index: usize,
+    /// Messages being retried, by their address: attempts so far and the last failure (for
+    /// an operator's view). Touched on the retry path only.
+    pub retrying: std::sync::Mutex<std::collections::HashMap<usize, (u32, String)>>,
+}
+
+impl ShardContext {
+    fn retrying(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, (u32, String)>> {
+        self.retrying.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Removes a message from its shard's retrying list however its retries end (handled, dead-
+/// lettered, or the future dropped by a revoke or a stop).
+struct Retrying<'a> {
+    shard: &'a ShardContext,
+    message: usize,
+}
+
+impl Retrying<'_> {
+    fn attempt(&self, attempts: u32, failure: &str) {
+        self.shard
+            .retrying()
+            .insert(self.message, (attempts, failure.to_owned()));
+    }
+}
+
+impl Drop for Retrying<'_> {
+    fn drop(&mut self) {
+        self.shard.retrying().remove(&self.message);
+    }
 }
 
 /// What a lane future does with its message.
@@ -159,7 +189,7 @@ async fn process(
 ) -> Outcome {
     let lane = Lane {
         ctx: &shard.ctx,
-        stats: &shard.stats,
+        shard,
         calls: shard.calls.as_deref().map(|c| (c, shard.index)),
         position_id,
         lease,
@@ -193,7 +223,8 @@ async fn process(
 /// One lane future's view of its shard.
 struct Lane<'a> {
     ctx: &'a LaneContext,
-    stats: &'a ShardStats,
+    /// Its shard (counters, the retrying list).
+    shard: &'a ShardContext,
     /// The call slots, and this shard's stripe of them.
     calls: Option<(&'a CallSlots, usize)>,
     position_id: PositionId,
@@ -212,7 +243,7 @@ impl Lane<'_> {
         received: Instant,
         span: tracing::Span,
     ) -> Outcome {
-        let (ctx, stats) = (self.ctx, self.stats);
+        let (ctx, stats) = (self.ctx, &*self.shard.stats);
         if self.fenced() {
             return Outcome::Fenced;
         }
@@ -254,7 +285,7 @@ impl Lane<'_> {
         let reason = reason(self.ctx, &failure, 0, now, now);
         dead_letter(
             self.ctx,
-            self.stats,
+            &self.shard.stats,
             message,
             reason,
             self.lease,
@@ -271,7 +302,7 @@ impl Lane<'_> {
         received: Instant,
         span: &tracing::Span,
     ) -> Result<Outcome, Failure> {
-        let (ctx, stats) = (self.ctx, self.stats);
+        let (ctx, stats) = (self.ctx, &*self.shard.stats);
         span.record("attempt", attempt);
         let (result, started) = {
             let _call = match self.calls {
@@ -310,10 +341,14 @@ impl Lane<'_> {
         span: &tracing::Span,
         mut failure: Failure,
     ) -> Outcome {
-        let (ctx, stats) = (self.ctx, self.stats);
+        let (ctx, stats) = (self.ctx, &*self.shard.stats);
         let first = (Instant::now(), SystemTime::now());
         let mut now = first;
         let mut attempt = 1u32;
+        let retrying = Retrying {
+            shard: self.shard,
+            message: Arc::as_ptr(message) as usize,
+        };
         let mut rng = fastrand::Rng::new();
         let mut reported_exhausted = false;
         loop {
@@ -343,6 +378,7 @@ impl Lane<'_> {
             }
             stats.retries.fetch_add(1, Relaxed);
             ctx.metrics.retries.increment(1);
+            retrying.attempt(attempt, &failure.text);
             backoff_wait(delay).await;
             attempt = attempt.saturating_add(1);
             failure = match self.attempt(message, attempt, received, span).await {

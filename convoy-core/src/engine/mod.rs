@@ -7,6 +7,7 @@
 //!                       └──────────── completions (source, offset) ────────┘
 //! ```
 
+mod inspect;
 mod intake;
 mod lane;
 mod shard;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
+pub use inspect::{Inspection, Inspector, LaneView, SourceView};
 pub use stats::StatsSnapshot;
 
 use self::intake::{Intake, IntakeParts};
@@ -172,6 +174,7 @@ impl Engine {
     /// [`EngineError::Config`]. Must be called within a Tokio runtime.
     pub fn spawn(&self, subscription: Subscription) -> EngineHandle {
         let (signals, signals_rx) = watch::channel(0u8);
+        let (inspector, inspects) = mpsc::channel(4);
         let shard_count = self.config.effective_shards();
         let stats = Arc::new(EngineStats::new(shard_count));
         let (reports_tx, reports) = mpsc::unbounded_channel();
@@ -192,6 +195,7 @@ impl Engine {
                 stats: shard_stats.clone(),
                 calls: calls.clone(),
                 index,
+                retrying: Default::default(),
             };
             let shard = Shard::new(rx, reports_tx.clone(), context, lane::run, spares.clone());
             shard_aborts.push(shard_tasks.spawn(shard.run()));
@@ -205,12 +209,14 @@ impl Engine {
             stats: stats.clone(),
             signals: signals_rx,
             spares,
+            inspects,
         });
         EngineHandle {
             stopper: Stopper(Arc::new(signals)),
             task: tokio::spawn(intake.run()),
             shard_aborts,
             stats,
+            inspector: Inspector(inspector),
         }
     }
 
@@ -262,6 +268,7 @@ pub struct EngineHandle {
     task: JoinHandle<Result<EngineReport, EngineError>>,
     shard_aborts: Vec<AbortHandle>,
     stats: Arc<EngineStats>,
+    inspector: Inspector,
 }
 
 impl EngineHandle {
@@ -324,6 +331,12 @@ impl EngineHandle {
     /// Live counters.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// Asks the engine what it is doing (sources, the longest-running and most-queued lanes),
+    /// from anywhere while the handle is awaited.
+    pub fn inspector(&self) -> Inspector {
+        self.inspector.clone()
     }
 
     /// The live counters, readable from anywhere while the handle is awaited (by

@@ -21,6 +21,7 @@ use hashbrown::HashTable;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::inspect::{top_by, LaneView};
 use super::lane::{self, Job, Outcome, PositionId, ShardContext, Task};
 use super::spares::Spares;
 use super::tasks::{Ended, LaneTasks};
@@ -178,6 +179,11 @@ pub(crate) enum ShardCommand {
     /// has not finished (a hung call, or retries that never end), each lane on its own.
     CheckStuck {
         limit: std::time::Duration,
+    },
+    /// Report the `top` lanes whose head runs longest and the `top` with the most queued.
+    Inspect {
+        top: usize,
+        reply: oneshot::Sender<(Vec<LaneView>, Vec<LaneView>)>,
     },
 }
 
@@ -428,6 +434,9 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             ShardCommand::Stuck { epoch, seq, waited } => {
                 self.stuck(epoch, seq, waited);
             }
+            ShardCommand::Inspect { top, reply } => {
+                let _ = reply.send(self.inspect(top));
+            }
             ShardCommand::CheckStuck { limit } => {
                 let now = Instant::now();
                 let stuck: Vec<(u64, Seq, std::time::Duration)> = self
@@ -446,6 +455,56 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 }
             }
         }
+    }
+
+    /// The `top` lanes whose head has run longest and the `top` with the most queued.
+    fn inspect(&self, top: usize) -> (Vec<LaneView>, Vec<LaneView>) {
+        let now = Instant::now();
+        let retrying = self
+            .launcher
+            .shard
+            .retrying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let views: Vec<LaneView> = self
+            .lanes
+            .0
+            .iter()
+            .filter_map(|lane| {
+                let (message, busy) = match (&lane.busy, lane.queue.front()) {
+                    (Some(b), _) => (&*b.message, Some(b)),
+                    (None, Some(w)) => (&w.message, None),
+                    (None, None) => return None,
+                };
+                let retried = busy.and_then(|b| retrying.get(&(Arc::as_ptr(&b.message) as usize)));
+                Some(LaneView {
+                    key: match &lane.key {
+                        LaneKey::Key(key) => String::from_utf8_lossy(key).into_owned(),
+                        _ => "(keyless)".to_owned(),
+                    },
+                    source: message.source.clone(),
+                    offset: message.offset,
+                    attempts: match (busy, retried) {
+                        (_, Some((attempts, _))) => *attempts,
+                        (Some(_), None) => 1,
+                        (None, None) => 0,
+                    },
+                    running_for: busy.and_then(|b| b.started).map(|started| now - started),
+                    last_error: retried.map(|(_, error)| error.clone()),
+                    queued: lane.queue.len(),
+                })
+            })
+            .collect();
+        let oldest: Vec<LaneView> = views
+            .iter()
+            .filter(|v| v.running_for.is_some())
+            .cloned()
+            .collect();
+        (
+            top_by(oldest, top, |v| v.running_for),
+            top_by(views, top, |v| v.queued),
+        )
     }
 
     fn enqueue(&mut self, work: Work) {

@@ -2,6 +2,9 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Per-shard counters; only their shard writes them, so increments never contend.
 #[derive(Default, Debug)]
@@ -26,6 +29,9 @@ pub(crate) struct IntakeStats {
     pub paused_sources: AtomicUsize,
     pub sources: AtomicUsize,
     pub commits: AtomicU64,
+    /// Since when commits fail, in milliseconds after the engine started, plus one (0: they
+    /// do not).
+    pub commits_failing_since: AtomicU64,
 }
 
 /// Shared by the engine's tasks and its handle.
@@ -33,6 +39,8 @@ pub(crate) struct IntakeStats {
 pub(crate) struct EngineStats {
     pub shards: Vec<Arc<ShardStats>>,
     pub intake: IntakeStats,
+    /// When the engine started (what `commits_failing_since` counts from).
+    pub started: Instant,
 }
 
 /// A point-in-time view of a running engine.
@@ -70,6 +78,9 @@ pub struct StatsSnapshot {
     pub active_lanes: usize,
     /// Successful commits.
     pub commits: u64,
+    /// How long commits have been failing (`None`: the last one went through): a member whose
+    /// commits fail for long is not ready.
+    pub commits_failing_for: Option<Duration>,
 }
 
 impl EngineStats {
@@ -77,7 +88,17 @@ impl EngineStats {
         EngineStats {
             shards: (0..shards).map(|_| Arc::default()).collect(),
             intake: IntakeStats::default(),
+            started: Instant::now(),
         }
+    }
+
+    /// Commits fail since `since` (`None`: they go through).
+    pub fn set_commits_failing(&self, since: Option<Instant>) {
+        let value = since.map_or(0, |since| {
+            u64::try_from(since.saturating_duration_since(self.started).as_millis()).unwrap_or(u64::MAX - 1)
+                + 1
+        });
+        self.intake.commits_failing_since.store(value, Relaxed);
     }
 
     pub fn snapshot(&self) -> StatsSnapshot {
@@ -92,6 +113,12 @@ impl EngineStats {
             paused_sources: self.intake.paused_sources.load(Relaxed),
             sources: self.intake.sources.load(Relaxed),
             commits: self.intake.commits.load(Relaxed),
+            commits_failing_for: match self.intake.commits_failing_since.load(Relaxed) {
+                0 => None,
+                ms => Some(
+                    Instant::now().saturating_duration_since(self.started + Duration::from_millis(ms - 1)),
+                ),
+            },
             ..StatsSnapshot::default()
         };
         for shard in &self.shards {

@@ -17,6 +17,7 @@
 
 mod context;
 mod control;
+mod outage;
 mod pollers;
 
 use std::collections::HashSet;
@@ -217,6 +218,7 @@ impl Transport for KafkaTransport {
         let main = std::thread::Builder::new()
             .name("convoy-kafka-main".into())
             .spawn(move || {
+                let mut outage = outage::Outage::default();
                 while !poll_shared.stopped.load(SeqCst) {
                     match poller.poll(POLL) {
                         None => {}
@@ -225,11 +227,11 @@ impl Transport for KafkaTransport {
                             partition = record.partition(),
                             "a message reached the main queue; it is left to the next owner"
                         ),
-                        Some(Err(e)) if !poll_shared.fail_if_fatal(&e, "Kafka consumer") => {
-                            tracing::warn!(error = %e, "Kafka consumer error");
-                        }
-                        Some(Err(_)) => {} // reported to the engine, which stops
+                        Some(Err(e)) if poll_shared.fail_if_fatal(&e, "Kafka consumer") => {} // the engine stops
+                        Some(Err(e)) if outage.on_error(&e) => {}
+                        Some(Err(e)) => tracing::warn!(error = %e, "Kafka consumer error"),
                     }
+                    outage.check(&poller);
                 }
             })
             .map_err(|e| TransportError::broker("starting the Kafka poll thread", e))?;

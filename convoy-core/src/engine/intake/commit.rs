@@ -185,6 +185,10 @@ impl Intake {
         match result {
             Ok(()) => {
                 self.stats.intake.commits.fetch_add(1, Relaxed);
+                if let Some(since) = self.commits_failing_since.take() {
+                    tracing::info!(failing_for = ?since.elapsed(), "commits go through again");
+                    self.stats.set_commits_failing(None);
+                }
                 for e in &commit.entries {
                     let Some(state) = self
                         .sources
@@ -201,7 +205,16 @@ impl Intake {
             Err(e) if e.is_fatal() => return Turn::Fail(EngineError::Transport(e)),
             Err(e) => {
                 self.metrics.commit_failures.increment(1);
-                tracing::warn!(error = %e, "commit failed; retrying on a later tick");
+                // Said once per outage (and when it ends), not on every tick.
+                match self.commits_failing_since {
+                    None => {
+                        tracing::warn!(error = %e, "commit failed; retrying on later ticks (said again when commits go through)");
+                        let now = Instant::now();
+                        self.commits_failing_since = Some(now);
+                        self.stats.set_commits_failing(Some(now));
+                    }
+                    Some(_) => tracing::debug!(error = %e, "commit failed again"),
+                }
             }
         }
         if let Some(id) = commit.revoke {

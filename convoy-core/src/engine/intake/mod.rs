@@ -13,6 +13,7 @@
 
 mod commit;
 mod flow;
+mod inspect;
 mod revoke;
 mod route;
 mod source;
@@ -31,6 +32,7 @@ use self::commit::Committer;
 use self::revoke::PendingRevoke;
 use self::source::SourceState;
 use self::stop::Stopping;
+use super::inspect::InspectRequest;
 use super::shard::{BatchSpares, Epochs, ShardCommand, ShardReport, Work};
 use super::stats::EngineStats;
 use super::{EngineError, EngineReport};
@@ -98,6 +100,12 @@ pub(crate) struct Intake {
     metrics: IntakeMetrics,
     signals: watch::Receiver<u8>,
     signals_open: bool,
+    /// Requests for an operator's view.
+    inspects: mpsc::Receiver<InspectRequest>,
+    /// Each source's lag as last asked of the broker (written by the lag probe).
+    lags: Arc<std::sync::Mutex<HashMap<SourceId, u64>>>,
+    /// Since when commits fail (none: the last one went through).
+    commits_failing_since: Option<Instant>,
 }
 
 pub(crate) struct IntakeParts {
@@ -109,6 +117,7 @@ pub(crate) struct IntakeParts {
     pub stats: Arc<EngineStats>,
     pub signals: watch::Receiver<u8>,
     pub spares: BatchSpares,
+    pub inspects: mpsc::Receiver<InspectRequest>,
 }
 
 /// What one turn of the loop saw.
@@ -160,6 +169,9 @@ impl Intake {
             stats: parts.stats,
             signals: parts.signals,
             signals_open: true,
+            inspects: parts.inspects,
+            lags: Arc::default(),
+            commits_failing_since: None,
         }
     }
 
@@ -209,6 +221,10 @@ impl Intake {
                 },
                 (commit, result) = self.committer.done(), if self.committer.busy() => {
                     self.on_committed(commit, result)
+                }
+                Some(request) = self.inspects.recv() => {
+                    self.answer(request).await;
+                    Turn::Continue
                 }
                 event = self.events.recv(), if self.events_open => match event {
                     Some(event) => self.on_event(event).await,

@@ -1,6 +1,7 @@
 //! The periodic turn: the stuck-gap check and the gauges (active lanes, per-source watermark
 //! and lag — asked of the transport, so lag shows while fetching is paused).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -95,14 +96,20 @@ impl Intake {
         }
         let control = self.control.clone();
         let group = self.config.group.clone();
+        let lags = self.lags.clone();
         self.lag_probe = Some(tokio::spawn(async move {
             let ids: Vec<SourceId> = snapshot.iter().map(|(id, _, _)| id.clone()).collect();
             let newest = control.last_offsets(&ids).await;
+            let mut known = HashMap::with_capacity(ids.len());
             for ((id, watermark, committed), newest) in snapshot.iter().zip(newest) {
                 let lag =
                     newest.map(|n| n.saturating_sub(committed.unwrap_or(0)) + u64::from(committed.is_none()));
-                IntakeMetrics::source_gauges(&group, id.as_str(), *watermark, lag);
+                IntakeMetrics::source_gauges(&group, id, *watermark, lag);
+                if let Some(lag) = lag {
+                    known.insert(id.clone(), lag);
+                }
             }
+            *lags.lock().unwrap_or_else(|p| p.into_inner()) = known;
         }));
     }
 }
