@@ -32,6 +32,11 @@ pub const SOURCE_LAG: &str = "convoy_source_lag";
 pub const WATERMARK: &str = "convoy_watermark";
 /// Sources whose fetching is paused by back-pressure.
 pub const PAUSED_SOURCES: &str = "convoy_paused_sources";
+/// Bytes held: keys, payloads and headers of the messages buffered in lanes and in flight.
+pub const HELD_BYTES: &str = "convoy_held_bytes";
+/// Sources assigned, revoked or lost, labelled `change` = `assigned` | `revoked` | `lost`:
+/// their rate is the rebalance rate.
+pub const SOURCE_CHANGES: &str = "convoy_source_changes_total";
 /// Commits the transport refused or failed (retried on the next tick).
 pub const COMMIT_FAILURES: &str = "convoy_commit_failures_total";
 /// Operational failures: a source's lowest unfinished message exceeded the stuck timeout.
@@ -71,6 +76,12 @@ pub fn describe() {
         );
         describe_gauge!(WATERMARK, Unit::Count, "Per source: the contiguous watermark (every offset up to it finished).");
         describe_gauge!(PAUSED_SOURCES, Unit::Count, "Sources whose fetching back-pressure has paused.");
+        describe_gauge!(HELD_BYTES, Unit::Bytes, "Bytes held: keys, payloads and headers of the messages in lanes and in flight.");
+        describe_counter!(
+            SOURCE_CHANGES,
+            Unit::Count,
+            "Sources assigned, revoked (handed over after a drain) or lost (taken without one), by change: rebalances."
+        );
         describe_counter!(COMMIT_FAILURES, Unit::Count, "Commits the broker refused or did not confirm in time (retried).");
         describe_counter!(
             STUCK,
@@ -97,7 +108,10 @@ impl LaneMetrics {
     pub fn new(group: &str) -> Self {
         let g = group.to_owned();
         LaneMetrics {
-            handled: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "handled"),
+            handled: {
+                Self::register_causes(group);
+                metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "handled")
+            },
             duplicates: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "duplicate"),
             dead_lettered: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "dead_lettered"),
             retries: metrics::counter!(RETRIES, "group" => g.clone()),
@@ -105,6 +119,16 @@ impl LaneMetrics {
             stuck: metrics::counter!(STUCK, "group" => g.clone()),
             handler_duration: metrics::histogram!(HANDLER_DURATION, "group" => g.clone()),
             queue_time: metrics::histogram!(QUEUE_TIME, "group" => g),
+        }
+    }
+
+    /// Registers the dead-letter counter of every cause at 0, so dashboards and alerts find
+    /// the series before the first dead letter.
+    pub fn register_causes(group: &str) {
+        use crate::dead_letter::DeadLetterCause::*;
+        for cause in [Terminal, Malformed, Panic, RetriesExhausted, Stuck] {
+            metrics::counter!(DEAD_LETTERED, "group" => group.to_owned(), "cause" => cause.as_str())
+                .increment(0);
         }
     }
 
@@ -117,6 +141,10 @@ impl LaneMetrics {
 pub(crate) struct IntakeMetrics {
     pub consumed: Counter,
     pub in_flight: Gauge,
+    pub held_bytes: Gauge,
+    pub assigned: Counter,
+    pub revoked: Counter,
+    pub lost: Counter,
     pub active_lanes: Gauge,
     pub paused_sources: Gauge,
     pub commit_failures: Counter,
@@ -130,6 +158,10 @@ impl IntakeMetrics {
         IntakeMetrics {
             consumed: metrics::counter!(CONSUMED, "group" => g.clone()),
             in_flight: metrics::gauge!(IN_FLIGHT, "group" => g.clone()),
+            held_bytes: metrics::gauge!(HELD_BYTES, "group" => g.clone()),
+            assigned: metrics::counter!(SOURCE_CHANGES, "group" => g.clone(), "change" => "assigned"),
+            revoked: metrics::counter!(SOURCE_CHANGES, "group" => g.clone(), "change" => "revoked"),
+            lost: metrics::counter!(SOURCE_CHANGES, "group" => g.clone(), "change" => "lost"),
             active_lanes: metrics::gauge!(ACTIVE_LANES, "group" => g.clone()),
             paused_sources: metrics::gauge!(PAUSED_SOURCES, "group" => g.clone()),
             commit_failures: metrics::counter!(COMMIT_FAILURES, "group" => g.clone()),

@@ -14,6 +14,7 @@ impl Intake {
         s.held_bytes.store(self.held_bytes, Relaxed);
         s.peak_held_bytes.fetch_max(self.held_bytes, Relaxed);
         self.metrics.in_flight.set(self.held_total as f64);
+        self.metrics.held_bytes.set(self.held_bytes as f64);
     }
 
     /// Re-evaluates every gate and pauses or resumes fetching where the wanted state flipped.

@@ -53,6 +53,7 @@ impl PendingRevoke {
 
 impl Intake {
     pub(super) async fn begin_revoke(&mut self, sources: Vec<SourceId>, deadline: Instant, ack: RevokeAck) {
+        self.metrics.revoked.increment(sources.len() as u64);
         let slots: Vec<u32> = sources
             .iter()
             .filter_map(|s| self.by_id.get(s).copied())
@@ -176,6 +177,7 @@ impl Intake {
 
     /// Sources gone without a revoke: cancel everything of them, commit nothing.
     pub(super) async fn lose(&mut self, sources: Vec<SourceId>) {
+        self.metrics.lost.increment(sources.len() as u64);
         tracing::warn!(
             ?sources,
             "sources lost without a revoke; their unfinished work will be redelivered to the next owner"

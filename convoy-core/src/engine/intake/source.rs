@@ -72,6 +72,7 @@ impl SourceState {
 
 impl Intake {
     pub(super) async fn assign(&mut self, a: Assignment) {
+        self.metrics.assigned.increment(1);
         if let Some(&slot) = self.by_id.get(&a.source) {
             tracing::warn!(source = %a.source, "source assigned again without a revoke; restarting it from the committed watermark");
             self.cancel_slots(&[slot]).await;

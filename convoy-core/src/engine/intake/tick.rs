@@ -67,6 +67,7 @@ impl Intake {
         // for a while (metrics-exporter-prometheus's idle timeout) then drops only those of
         // sources this member no longer holds — never set again after their revoke or loss.
         self.metrics.in_flight.set(self.held_total as f64);
+        self.metrics.held_bytes.set(self.held_bytes as f64);
         let paused = self.stats.intake.paused_sources.load(Relaxed);
         self.metrics.paused_sources.set(paused as f64);
         // Lag is asked of the transport (not derived from fetched messages) so it shows while
