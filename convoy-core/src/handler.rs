@@ -104,23 +104,40 @@ impl fmt::Display for ErrorClass {
     }
 }
 
-/// A handler's failure, classified.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("{class} error: {message}")]
+/// The cause of a handler's failure: any error, shared (a `HandlerError` is cloned into
+/// logs and dead-letter reasons).
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A handler's failure, classified, with what caused it.
+///
+/// `?` works on any error in a handler: it becomes a transient failure (retried in the lane)
+/// carrying the error as its cause. Say otherwise with [`ResultExt`]: `.terminal()?`,
+/// `.malformed()?`, `.transient()?`. The message and the whole chain of causes go into the logs
+/// and into the dead-letter reason (`convoy-dl-error`).
+///
+/// `HandlerError` is not itself a `std::error::Error` (as with `anyhow::Error`), which is what
+/// lets every error convert into it with `?`; [`HandlerError::cause`] gives the cause.
+#[derive(Clone)]
 pub struct HandlerError {
     class: ErrorClass,
     message: String,
     retry_after: Option<Duration>,
+    cause: Option<Cause>,
 }
 
 impl HandlerError {
+    fn new(class: ErrorClass, message: String, cause: Option<Cause>) -> Self {
+        HandlerError {
+            class,
+            message,
+            retry_after: None,
+            cause,
+        }
+    }
+
     /// A failure worth retrying (a timeout, an unavailable dependency).
     pub fn transient(message: impl fmt::Display) -> Self {
-        HandlerError {
-            class: ErrorClass::Transient,
-            message: message.to_string(),
-            retry_after: None,
-        }
+        Self::new(ErrorClass::Transient, message.to_string(), None)
     }
 
     /// A transient failure that asks for the next attempt no sooner than `after`
@@ -134,20 +151,23 @@ impl HandlerError {
 
     /// A failure no retry can fix (a business rule, a bad reference): dead-letter now.
     pub fn terminal(message: impl fmt::Display) -> Self {
-        HandlerError {
-            class: ErrorClass::Terminal,
-            message: message.to_string(),
-            retry_after: None,
-        }
+        Self::new(ErrorClass::Terminal, message.to_string(), None)
     }
 
     /// The payload could not be decoded: dead-letter now with reason `malformed`.
     pub fn malformed(message: impl fmt::Display) -> Self {
-        HandlerError {
-            class: ErrorClass::Malformed,
-            message: message.to_string(),
-            retry_after: None,
-        }
+        Self::new(ErrorClass::Malformed, message.to_string(), None)
+    }
+
+    /// A failure of `class` caused by `error` (its text is the message).
+    pub fn caused_by(class: ErrorClass, error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::new(class, error.to_string(), Some(Arc::new(error)))
+    }
+
+    /// The same failure, caused by `error` (kept, and printed after the message).
+    pub fn with_cause(mut self, error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.cause = Some(Arc::new(error));
+        self
     }
 
     /// The error's class.
@@ -155,9 +175,35 @@ impl HandlerError {
         self.class
     }
 
-    /// The error text.
+    /// The error text (without its causes).
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// What caused it, if an error did.
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.cause.as_deref()
+    }
+
+    /// The message followed by every cause in the chain: `message: cause: its cause: …` (a
+    /// cause whose text the message already is, as with `?`, is not repeated).
+    pub fn chain(&self) -> String {
+        let mut text = self.message.clone();
+        let mut next: Option<&(dyn std::error::Error + 'static)> = match &self.cause {
+            Some(cause) => Some(cause.as_ref()),
+            None => None,
+        };
+        let mut first = true;
+        while let Some(error) = next {
+            let said = error.to_string();
+            if !(first && said == self.message) {
+                text.push_str(": ");
+                text.push_str(&said);
+            }
+            first = false;
+            next = error.source();
+        }
+        text
     }
 
     /// The requested delay before the next attempt, if the handler gave one.
@@ -168,6 +214,55 @@ impl HandlerError {
     /// True when the engine retries this error.
     pub fn is_transient(&self) -> bool {
         self.class == ErrorClass::Transient
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} error: {}", self.class, self.chain())
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("class", &self.class)
+            .field("message", &self.message)
+            .field("retry_after", &self.retry_after)
+            .field("cause", &self.cause)
+            .finish()
+    }
+}
+
+/// `?` on any error in a handler: a transient failure caused by it.
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        HandlerError::caused_by(ErrorClass::Transient, error)
+    }
+}
+
+/// Classifies a result's error for a handler: `serde_json::from_slice(p).malformed()?`,
+/// `repo.debit(a).await.terminal()?`.
+pub trait ResultExt<T> {
+    /// A failure retried in the lane.
+    fn transient(self) -> Result<T, HandlerError>;
+    /// A failure no retry can fix: dead-lettered now.
+    fn terminal(self) -> Result<T, HandlerError>;
+    /// Input that cannot be decoded: dead-lettered now with reason `malformed`.
+    fn malformed(self) -> Result<T, HandlerError>;
+}
+
+impl<T, E: std::error::Error + Send + Sync + 'static> ResultExt<T> for Result<T, E> {
+    fn transient(self) -> Result<T, HandlerError> {
+        self.map_err(|e| HandlerError::caused_by(ErrorClass::Transient, e))
+    }
+
+    fn terminal(self) -> Result<T, HandlerError> {
+        self.map_err(|e| HandlerError::caused_by(ErrorClass::Terminal, e))
+    }
+
+    fn malformed(self) -> Result<T, HandlerError> {
+        self.map_err(|e| HandlerError::caused_by(ErrorClass::Malformed, e))
     }
 }
 
@@ -210,5 +305,60 @@ where
 {
     async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
         (self.0)(delivery).await
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the ledger refused the entry")]
+    struct Refused(#[source] std::io::Error);
+
+    fn debit(ok: bool) -> Result<(), Refused> {
+        match ok {
+            true => Ok(()),
+            false => Err(Refused(std::io::Error::other("account 7 is frozen"))),
+        }
+    }
+
+    fn handler_with_question_mark(ok: bool) -> Result<(), HandlerError> {
+        debit(ok)?;
+        Ok(())
+    }
+
+    #[test]
+    fn question_mark_makes_a_transient_failure_that_keeps_its_cause_chain() {
+        let e = handler_with_question_mark(false).unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Transient);
+        assert_eq!(e.message(), "the ledger refused the entry");
+        assert_eq!(e.chain(), "the ledger refused the entry: account 7 is frozen");
+        assert!(e.cause().is_some_and(|c| c.source().is_some()));
+        assert_eq!(
+            e.to_string(),
+            "transient error: the ledger refused the entry: account 7 is frozen"
+        );
+        assert!(handler_with_question_mark(true).is_ok());
+    }
+
+    #[test]
+    fn results_are_classified_and_messages_take_causes() {
+        let terminal = debit(false).terminal().unwrap_err();
+        assert_eq!(terminal.class(), ErrorClass::Terminal);
+        let malformed = "x".parse::<u32>().malformed().unwrap_err();
+        assert_eq!(malformed.class(), ErrorClass::Malformed);
+        assert_eq!(malformed.chain(), "invalid digit found in string");
+        let explained =
+            HandlerError::terminal("overdraft").with_cause(Refused(std::io::Error::other("frozen")));
+        assert_eq!(
+            explained.chain(),
+            "overdraft: the ledger refused the entry: frozen"
+        );
+        assert_eq!(
+            HandlerError::transient("busy").chain(),
+            "busy",
+            "no cause, no chain"
+        );
     }
 }

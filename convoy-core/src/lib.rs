@@ -43,7 +43,7 @@ pub use engine::{
     Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, Inspection, Inspector, LaneView,
     SourceView, StatsReader, StatsSnapshot, Stopper,
 };
-pub use handler::{handler_fn, Delivery, ErrorClass, Handler, HandlerError};
+pub use handler::{handler_fn, Cause, Delivery, ErrorClass, Handler, HandlerError, ResultExt};
 pub use idempotency::{IdempotencyStore, MemoryIdempotencyStore};
 pub use message::{EventId, Headers, Message, Offset, OutgoingMessage, SourceId, EVENT_ID_HEADER};
 pub use retry::{Backoff, Jitter, OnExhausted, RetryPolicy};

@@ -197,6 +197,35 @@ async fn attempt_timeout_is_a_transient_failure() {
         .contains("timed out after 50ms"));
 }
 
+/// A handler error's cause chain reaches the dead-letter reason (`?` on any error works too).
+#[tokio::test(start_paused = true)]
+async fn the_cause_chain_of_a_handler_error_reaches_the_dead_letter_reason() {
+    #[derive(Debug, thiserror::Error)]
+    #[error("the ledger refused the entry")]
+    struct Refused(#[source] std::io::Error);
+    let (broker, bed) = bed(1);
+    let checker = Arc::new(OrderChecker::new());
+    let handler = handler_fn(|_d: Delivery| async move {
+        let refused: Result<(), Refused> = Err(Refused(std::io::Error::other("account 7 is frozen")));
+        refused.map_err(|e| HandlerError::terminal("overdraft").with_cause(e))?;
+        Ok(())
+    });
+    bed.publisher()
+        .publish(OutgoingMessage::new("k", "x"))
+        .await
+        .unwrap();
+    let engine = run(&bed, handler, test_config(bed.group()), sink(&bed, &checker)).await;
+    let dlq = format!("{}.dlq", bed.topic());
+    wait_until("a dead letter", || !broker.read_all(&dlq).is_empty()).await;
+    engine.stop().await.unwrap();
+    let dead = broker.read_all(&dlq);
+    assert_eq!(
+        dead[0].headers.get_str(DL_ERROR),
+        Some("overdraft: the ledger refused the entry: account 7 is frozen")
+    );
+    assert_eq!(dead[0].headers.get_str(DL_CAUSE), Some("terminal"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn exhausted_retries_can_block_the_lane_while_other_keys_flow() {
     let (broker, bed) = bed(1);

@@ -71,7 +71,7 @@ impl From<HandlerError> for Failure {
         };
         Failure {
             class,
-            text: e.message().to_owned(),
+            text: e.chain(),
             retryable,
             cause,
             retry_after: e.retry_after_hint(),

@@ -7,7 +7,7 @@
 //! the topic is created (a publish no group receives is refused, never kept for no one).
 
 use super::Connection;
-use crate::backend::{self, Backend};
+use crate::backend::Backend;
 use crate::error::ConnectError;
 
 /// What a topic is created with.
@@ -36,6 +36,19 @@ pub struct TopicInfo {
     pub groups: Vec<String>,
 }
 
+/// Topics of a log broker, where every group reads the whole log (no groups to list).
+#[cfg(any(feature = "memory", feature = "kafka", feature = "nats"))]
+fn listed(topics: Vec<(String, usize)>) -> Vec<TopicInfo> {
+    topics
+        .into_iter()
+        .map(|(name, partitions)| TopicInfo {
+            name,
+            partitions: u32::try_from(partitions).unwrap_or(u32::MAX),
+            groups: Vec::new(),
+        })
+        .collect()
+}
+
 impl Connection {
     /// Creates `topic` as `spec` says, unless it exists (RabbitMQ declares the groups' queues
     /// either way; a topic declared with another partition count is refused, naming both).
@@ -44,7 +57,7 @@ impl Connection {
         match &self.backend {
             #[cfg(feature = "memory")]
             Backend::Memory(broker) => {
-                backend::memory::ensure_topic(broker, topic, partitions);
+                crate::backend::memory::ensure_topic(broker, topic, partitions);
                 Ok(())
             }
             #[cfg(feature = "kafka")]
@@ -62,7 +75,7 @@ impl Connection {
             }
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
-                let mut config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                let mut config = crate::backend::amqp::config_for(config, &self.endpoint, false)?;
                 config.partitions = partitions;
                 convoy_amqp::admin::create_topic_alone(&config, topic, partitions).await?;
                 for group in &spec.groups {
@@ -73,7 +86,7 @@ impl Connection {
             }
             #[cfg(feature = "nats")]
             Backend::Nats(config) => {
-                let mut config = backend::nats::config_for(config, &self.endpoint, false)?;
+                let mut config = crate::backend::nats::config_for(config, &self.endpoint, false)?;
                 if let Some(replicas) = spec.replication {
                     config.replicas = usize::from(replicas);
                 }
@@ -85,19 +98,9 @@ impl Connection {
     /// The topics on the broker, by name. RabbitMQ cannot list exchanges: the topics listed
     /// there are the ones convoy declared (its registry), with their groups.
     pub async fn list_topics(&self) -> Result<Vec<TopicInfo>, ConnectError> {
-        let plain = |topics: Vec<(String, usize)>| {
-            topics
-                .into_iter()
-                .map(|(name, partitions)| TopicInfo {
-                    name,
-                    partitions: u32::try_from(partitions).unwrap_or(u32::MAX),
-                    groups: Vec::new(),
-                })
-                .collect()
-        };
         match &self.backend {
             #[cfg(feature = "memory")]
-            Backend::Memory(broker) => Ok(plain(
+            Backend::Memory(broker) => Ok(listed(
                 broker
                     .topics()
                     .into_iter()
@@ -105,10 +108,10 @@ impl Connection {
                     .collect(),
             )),
             #[cfg(feature = "kafka")]
-            Backend::Kafka(config) => Ok(plain(convoy_kafka::admin::list_topics(config).await?)),
+            Backend::Kafka(config) => Ok(listed(convoy_kafka::admin::list_topics(config).await?)),
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
-                let config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                let config = crate::backend::amqp::config_for(config, &self.endpoint, false)?;
                 let topics = convoy_amqp::admin::list_topics(&config).await?;
                 Ok(topics
                     .into_iter()
@@ -121,8 +124,8 @@ impl Connection {
             }
             #[cfg(feature = "nats")]
             Backend::Nats(config) => {
-                let config = backend::nats::config_for(config, &self.endpoint, false)?;
-                Ok(plain(convoy_nats::admin::list_topics(&config).await?))
+                let config = crate::backend::nats::config_for(config, &self.endpoint, false)?;
+                Ok(listed(convoy_nats::admin::list_topics(&config).await?))
             }
         }
     }
@@ -134,16 +137,22 @@ impl Connection {
     pub async fn remove_topic(&self, topic: &str, groups: &[String]) -> Result<(), ConnectError> {
         match &self.backend {
             #[cfg(feature = "memory")]
-            Backend::Memory(_) => Err(convoy_core::ConfigError::invalid(
-                "topic",
-                "memory:// topics live as long as the process: there is nothing to delete",
-            )
-            .into()),
+            Backend::Memory(_) => {
+                let _ = (topic, groups);
+                Err(convoy_core::ConfigError::invalid(
+                    "topic",
+                    "memory:// topics live as long as the process: there is nothing to delete",
+                )
+                .into())
+            }
             #[cfg(feature = "kafka")]
-            Backend::Kafka(config) => Ok(convoy_kafka::admin::delete_topics(config, &[topic]).await?),
+            Backend::Kafka(config) => {
+                let _ = groups; // a Kafka group's offsets go with the topic
+                Ok(convoy_kafka::admin::delete_topics(config, &[topic]).await?)
+            }
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
-                let mut config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                let mut config = crate::backend::amqp::config_for(config, &self.endpoint, false)?;
                 let known = convoy_amqp::admin::list_topics(&config)
                     .await?
                     .into_iter()
@@ -164,7 +173,7 @@ impl Connection {
             }
             #[cfg(feature = "nats")]
             Backend::Nats(config) => {
-                let mut config = backend::nats::config_for(config, &self.endpoint, false)?;
+                let mut config = crate::backend::nats::config_for(config, &self.endpoint, false)?;
                 convoy_nats::admin::delete_stream_of(&config, topic).await?;
                 for group in groups {
                     config.group = group.clone();
