@@ -70,15 +70,12 @@ async fn run() -> Result<ExitCode, Error> {
             Ok(())
         }
     });
-    let retry = RetryPolicy {
-        backoff: Backoff {
-            base: Duration::from_millis(1),
-            factor: 2.0,
-            cap: Duration::from_millis(50),
-            jitter: Jitter::Full,
-        },
-        ..RetryPolicy::default()
-    };
+    let retry = RetryPolicy::with_backoff(Backoff::new(
+        Duration::from_millis(1),
+        2.0,
+        Duration::from_millis(50),
+        Jitter::Full,
+    ));
     let stats = example.run(handler, retry, total).await?;
     let dead = example.dead_letters().await?;
     example.clean_up().await?;

@@ -67,10 +67,10 @@ impl Example {
         expected: u64,
     ) -> Result<StatsSnapshot, Error> {
         let engine = Engine::builder(handler)
-            .config(EngineConfig {
-                group: self.connection.endpoint().group.clone(),
-                retry,
-                ..EngineConfig::default()
+            .config({
+                let mut config = EngineConfig::for_group(self.connection.endpoint().group.clone());
+                config.retry = retry;
+                config
             })
             .dead_letter_sink(self.connection.dead_letter_sink()?)
             .build()?;

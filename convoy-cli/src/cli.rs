@@ -247,22 +247,23 @@ pub struct ConsumeArgs {
     #[arg(long, value_name = "COUNT")]
     pub max_messages: Option<u64>,
     /// What a stop (SIGINT, SIGTERM, the end of --max-messages) waits for: the messages being
-    /// handled, leaving what is queued to the next consumer, or everything already fetched.
-    #[arg(long, value_enum, default_value_t = DrainArg::InFlight)]
-    pub drain: DrainArg,
+    /// handled, leaving what is queued to the next consumer (the default), or everything
+    /// already fetched.
+    #[arg(long, value_enum)]
+    pub drain: Option<DrainArg>,
     /// The longest a stop may take, drain, final commit and leaving the group together
-    /// (seconds; the default fits Kubernetes' 30 s grace period).
-    #[arg(long, value_name = "SECONDS", default_value_t = 25)]
-    pub shutdown_timeout_s: u64,
+    /// (seconds; by default 25, which fits Kubernetes' 30 s grace period).
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout_s: Option<u64>,
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898 (GET /metrics).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
     /// Do not print each message.
     #[arg(long)]
     pub quiet: bool,
-    /// Commit the watermarks at least this often (milliseconds).
-    #[arg(long, value_name = "MS", default_value_t = 500)]
-    pub commit_interval_ms: u64,
+    /// Commit the watermarks at least this often (milliseconds; by default 500).
+    #[arg(long, value_name = "MS")]
+    pub commit_interval_ms: Option<u64>,
     /// Each message takes this many milliseconds of (async) work before it is printed: to watch
     /// lanes, back-pressure and drains at work.
     #[arg(long, value_name = "MS", default_value_t = 0)]

@@ -7,9 +7,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use convoy::{
-    handler_fn, ConnectConfig, Delivery, Drain, Engine, EngineConfig, EngineReport, HandlerError, StopSignals,
-};
+use convoy::{handler_fn, ConnectConfig, Delivery, Drain, Engine, EngineReport, HandlerError, StopSignals};
 
 use crate::cli::{ConsumeArgs, DrainArg};
 use crate::metrics_server;
@@ -46,7 +44,7 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
     if connection.endpoint().topics.is_empty() {
         return Err("name the topics to consume with --topic (or ?topics= in the URL)".into());
     }
-    if args.commit_interval_ms == 0 {
+    if args.commit_interval_ms == Some(0) {
         return Err("--commit-interval-ms must be > 0".into());
     }
     // The recorder must be in place before the engine registers its metric handles.
@@ -73,17 +71,23 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         }
         Ok::<(), HandlerError>(())
     });
-    let mut config = EngineConfig {
-        group: connection.endpoint().group.clone(),
-        commit_interval: Duration::from_millis(args.commit_interval_ms),
-        max_messages: args.max_messages,
-        shutdown_timeout: Duration::from_secs(args.shutdown_timeout_s),
-        drain: match args.drain {
+    // The engine's defaults, then `[engine]` of --config and CONVOY_ENGINE_*, then the flags.
+    let mut config = connection.engine_config().map_err(|e| e.to_string())?;
+    if let Some(ms) = args.commit_interval_ms {
+        config.commit_interval = Duration::from_millis(ms);
+    }
+    if let Some(max) = args.max_messages {
+        config.max_messages = Some(max);
+    }
+    if let Some(seconds) = args.shutdown_timeout_s {
+        config.shutdown_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(drain) = args.drain {
+        config.drain = match drain {
             DrainArg::InFlight => Drain::InFlight,
             DrainArg::Buffered => Drain::Buffered,
-        },
-        ..EngineConfig::default()
-    };
+        };
+    }
     config.drain_timeout = config.drain_timeout.min(config.shutdown_timeout);
     let engine = Engine::builder(handler)
         .config(config)

@@ -225,6 +225,34 @@ fn a_bad_config_file_or_variable_is_one_clear_line() {
         &convoy(&["--config", "/nonexistent/convoy.toml", "bench"]),
         &["/nonexistent/convoy.toml"],
     );
+    // The engine's settings: an unknown one names its line, a bad value its setting.
+    let engine_typo = dir.join("engine-typo.toml");
+    std::fs::write(
+        &engine_typo,
+        "url = \"memory://\"\ntopics = [\"t\"]\n[engine]\nmax_in_flght = 3\n",
+    )
+    .unwrap();
+    assert_one_line_error(
+        &convoy(&["--config", engine_typo.to_str().unwrap(), "consume"]),
+        &["line 4", "max_in_flght"],
+    );
+    let engine_bad = dir.join("engine-bad.toml");
+    std::fs::write(
+        &engine_bad,
+        "url = \"memory://\"\ntopics = [\"t\"]\n[engine.back_pressure]\nsource_high = 10\nsource_low = 20\n",
+    )
+    .unwrap();
+    assert_one_line_error(
+        &convoy(&["--config", engine_bad.to_str().unwrap(), "consume"]),
+        &["back_pressure.source_low"],
+    );
+    assert_one_line_error(
+        &convoy_with_env(
+            &["--url", "memory://?topics=t", "consume"],
+            &[("CONVOY_ENGINE_DRAIN", "everything")],
+        ),
+        &["CONVOY_ENGINE_", "everything"],
+    );
     assert_one_line_error(
         &convoy_with_env(&["bench"], &[("CONVOY_PARTITIONS", "eight")]),
         &["`CONVOY_PARTITIONS`"],

@@ -130,6 +130,7 @@ pub enum KeylessPolicy {
 ///   other keys run further ahead of a stuck one, at the price of memory and of replay after a
 ///   crash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BackPressure {
     /// Pause a source when it holds this many messages.
     pub source_high: usize,
@@ -209,9 +210,17 @@ pub enum Drain {
 }
 
 /// Everything the engine needs besides the handler and the transport.
+///
+/// Start from [`EngineConfig::default`] (or [`EngineConfig::for_group`]) and set the fields
+/// you need: the struct may gain fields in any release (`#[non_exhaustive]`), which then keep
+/// their defaults in code written before them. A config file's `[engine]` table sets the same
+/// fields (see `convoy::settings`).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct EngineConfig {
-    /// Consumer group name, written into dead-letter reasons and metrics.
+    /// Consumer group name, written into dead-letter reasons and metrics. Empty (the default):
+    /// the transport's group when the engine is started on one ([`crate::Transport::group`]),
+    /// else `convoy`.
     pub group: String,
     /// Number of shards (tasks owning lanes); 0 means four per available CPU (measured best:
     /// smaller lane maps per shard, and completions flow back in smaller, steadier batches).
@@ -259,7 +268,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            group: "convoy".to_owned(),
+            group: String::new(),
             shards: 0,
             retry: RetryPolicy::default(),
             dead_letter_backoff: Backoff {
@@ -285,10 +294,29 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// The defaults, for consumer group `group`.
+    pub fn for_group(group: impl Into<String>) -> Self {
+        EngineConfig {
+            group: group.into(),
+            ..EngineConfig::default()
+        }
+    }
+
+    /// The group named, or `convoy` when none is.
+    pub fn group_or_default(&self) -> &str {
+        match self.group.is_empty() {
+            true => "convoy",
+            false => &self.group,
+        }
+    }
+
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.group.trim().is_empty() {
-            return Err(ConfigError::invalid("group", "must not be empty"));
+        if !self.group.is_empty() && self.group.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                "group",
+                "must not be blank (leave it empty to take the transport's)",
+            ));
         }
         self.retry.validate("retry")?;
         self.dead_letter_backoff.validate("dead_letter_backoff")?;

@@ -21,6 +21,7 @@ pub enum Jitter {
 
 /// Exponential backoff: `min(cap, base * factor^(n-1))` for retry `n`, then jitter.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Backoff {
     /// Delay before the first retry (before jitter).
     pub base: Duration,
@@ -44,6 +45,16 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// Exponential backoff from `base`, times `factor` per retry, at most `cap`, then `jitter`.
+    pub fn new(base: Duration, factor: f64, cap: Duration, jitter: Jitter) -> Self {
+        Backoff {
+            base,
+            factor,
+            cap,
+            jitter,
+        }
+    }
+
     /// The un-jittered delay before retry number `retry` (1-based).
     pub fn ceiling(&self, retry: u32) -> Duration {
         let exp = self.factor.powi(retry.saturating_sub(1).min(1_000) as i32);
@@ -100,6 +111,7 @@ pub enum OnExhausted {
 
 /// When and how transient failures are retried inside a lane.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Delay between attempts.
     pub backoff: Backoff,
@@ -121,6 +133,16 @@ impl Default for RetryPolicy {
             max_elapsed: None,
             attempt_timeout: None,
             on_exhausted: OnExhausted::DeadLetter,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The default policy with `backoff` between attempts.
+    pub fn with_backoff(backoff: Backoff) -> Self {
+        RetryPolicy {
+            backoff,
+            ..RetryPolicy::default()
         }
     }
 }

@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use convoy_core::{
-    BackPressure, DeadLetterSink, PrefetchLimit, Publisher, SourceEvent, Subscription, Transport,
-    TransportError,
+    DeadLetterSink, PrefetchLimit, Publisher, SourceEvent, Subscription, Transport, TransportError,
 };
 use convoy_kafka::{admin, baseline, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::probe::{unix_micros, Latency};
@@ -95,13 +94,9 @@ fn scenario(args: &Args) -> Scenario {
         ..Scenario::default()
     };
     if let Some(high) = args.source_high {
-        s.back_pressure = BackPressure {
-            source_high: high,
-            source_low: high / 2,
-            total_high: high * 4,
-            total_low: high * 2,
-            ..BackPressure::default()
-        };
+        let bp = &mut s.back_pressure;
+        (bp.source_high, bp.source_low) = (high, high / 2);
+        (bp.total_high, bp.total_low) = (high * 4, high * 2);
     }
     s
 }

@@ -79,12 +79,9 @@ async fn main() -> ExitCode {
             Ok(())
         }
     });
-    let engine_config = EngineConfig {
-        group: group.clone(),
-        commit_interval: Duration::from_millis(100),
-        drain_timeout: Duration::from_secs(10),
-        ..EngineConfig::default()
-    };
+    let mut engine_config = EngineConfig::for_group(group.clone());
+    engine_config.commit_interval = Duration::from_millis(100);
+    engine_config.drain_timeout = Duration::from_secs(10);
     let sink = match KafkaDeadLetterSink::new(&config) {
         Ok(s) => s,
         Err(e) => {

@@ -35,6 +35,10 @@ impl Transport for MemoryTransport {
         self.subscribe_with(PrefetchLimit::default()).await
     }
 
+    fn group(&self) -> Option<String> {
+        Some(self.group.clone())
+    }
+
     /// Joins with batches of at most `limit.bytes / 64` (the member keeps a few batches ahead of
     /// the engine: their weight is what this bounds).
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {

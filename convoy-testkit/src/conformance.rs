@@ -16,9 +16,9 @@ use convoy_core::dead_letter::{
     DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
 use convoy_core::{
-    typed, BackPressure, Commit, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler,
-    HandlerError, Message, Offset, OutgoingMessage, Publisher, Receipt, RetryPolicy, SourceEvent, SourceId,
-    Subscription, Transport, TransportError,
+    typed, Commit, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError,
+    Message, Offset, OutgoingMessage, Publisher, Receipt, SourceEvent, SourceId, Subscription, Transport,
+    TransportError,
 };
 
 use crate::checker::{CheckReport, OrderChecker};
@@ -156,21 +156,15 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// Fast settings for tests: short backoff, frequent commits.
 pub fn test_config(group: &str) -> EngineConfig {
-    let mut retry = RetryPolicy {
-        max_attempts: Some(5),
-        ..RetryPolicy::default()
-    };
-    retry.backoff.base = Duration::from_millis(1);
-    retry.backoff.cap = Duration::from_millis(20);
-    EngineConfig {
-        group: group.to_owned(),
-        shards: 4,
-        retry,
-        commit_interval: Duration::from_millis(20),
-        commit_every: 100,
-        drain_timeout: Duration::from_secs(8),
-        ..EngineConfig::default()
-    }
+    let mut config = EngineConfig::for_group(group);
+    config.shards = 4;
+    config.retry.max_attempts = Some(5);
+    config.retry.backoff.base = Duration::from_millis(1);
+    config.retry.backoff.cap = Duration::from_millis(20);
+    config.commit_interval = Duration::from_millis(20);
+    config.commit_every = 100;
+    config.drain_timeout = Duration::from_secs(8);
+    config
 }
 
 async fn bed(target: &dyn ConformanceTarget, partitions: u32) -> Box<dyn TestBed> {
@@ -622,13 +616,8 @@ pub async fn slow_handler_fast_producer_bounded_memory(target: &dyn ConformanceT
         ..FaultPlan::default()
     };
     let mut config = test_config(bed.group());
-    config.back_pressure = BackPressure {
-        source_high: 20,
-        source_low: 10,
-        total_high: 40,
-        total_low: 20,
-        ..BackPressure::default()
-    };
+    let bp = &mut config.back_pressure;
+    (bp.source_high, bp.source_low, bp.total_high, bp.total_low) = (20, 10, 40, 20);
     let consumer = start(
         bed.dead_letter_sink(),
         ProbeHandler::with_faults(checker.clone(), plan),

@@ -48,16 +48,14 @@ fn sink(bed: &MemoryBed, checker: &Arc<OrderChecker>) -> Arc<RecordingSink> {
 }
 
 fn policy(base_ms: u64, factor: f64, max_attempts: Option<u32>) -> RetryPolicy {
-    RetryPolicy {
-        backoff: Backoff {
-            base: Duration::from_millis(base_ms),
-            factor,
-            cap: Duration::from_secs(60),
-            jitter: Jitter::None,
-        },
-        max_attempts,
-        ..RetryPolicy::default()
-    }
+    let mut policy = RetryPolicy::with_backoff(Backoff::new(
+        Duration::from_millis(base_ms),
+        factor,
+        Duration::from_secs(60),
+        Jitter::None,
+    ));
+    policy.max_attempts = max_attempts;
+    policy
 }
 
 /// Records attempt times of one message and fails the first `fail` attempts.
@@ -197,6 +195,33 @@ async fn attempt_timeout_is_a_transient_failure() {
         .contains("timed out after 50ms"));
 }
 
+/// An engine whose configuration names no group takes its transport's: its dead letters say so.
+#[tokio::test(start_paused = true)]
+async fn an_engine_without_a_group_takes_the_transports() {
+    let (broker, bed) = bed(1);
+    let checker = Arc::new(OrderChecker::new());
+    bed.publisher()
+        .publish(OutgoingMessage::new("k", "x"))
+        .await
+        .unwrap();
+    let handler = handler_fn(|_d: Delivery| async move { Err::<(), _>(HandlerError::terminal("no")) });
+    let engine = Engine::builder(handler)
+        .dead_letter_sink(sink(&bed, &checker))
+        .build()
+        .unwrap();
+    assert_eq!(engine.config().group, "", "none named");
+    let transport = convoy_testkit::MemoryTransport::new(&broker, "billing", &[bed.topic()]);
+    let running = engine.start(&transport).await.unwrap();
+    let dlq = format!("{}.dlq", bed.topic());
+    wait_until("a dead letter", || !broker.read_all(&dlq).is_empty()).await;
+    running.stop().await.unwrap();
+    let dead = broker.read_all(&dlq);
+    assert_eq!(
+        dead[0].headers.get_str(convoy_core::dead_letter::DL_GROUP),
+        Some("billing")
+    );
+}
+
 /// A handler error's cause chain reaches the dead-letter reason (`?` on any error works too).
 #[tokio::test(start_paused = true)]
 async fn the_cause_chain_of_a_handler_error_reaches_the_dead_letter_reason() {
@@ -312,12 +337,12 @@ async fn a_failing_sink_blocks_the_lane_until_it_confirms() {
         .await
         .unwrap();
     let mut config = test_config(bed.group());
-    config.dead_letter_backoff = Backoff {
-        base: Duration::from_millis(100),
-        factor: 2.0,
-        cap: Duration::from_secs(1),
-        jitter: Jitter::None,
-    };
+    config.dead_letter_backoff = Backoff::new(
+        Duration::from_millis(100),
+        2.0,
+        Duration::from_secs(1),
+        Jitter::None,
+    );
     let started = Instant::now();
     let engine = run(
         &bed,
@@ -666,10 +691,8 @@ async fn a_thousand_keys_failing_forever_do_not_starve_the_healthy_ones() {
         plan.transient_forever.insert((probe_key("failing-", i), 0));
     }
     let mut config = test_config(bed.group());
-    config.retry = RetryPolicy {
-        on_exhausted: OnExhausted::BlockLane,
-        ..policy(100, 2.0, None)
-    };
+    config.retry = policy(100, 2.0, None);
+    config.retry.on_exhausted = OnExhausted::BlockLane;
     config.retry.backoff.cap = Duration::from_secs(1);
     config.stuck_timeout = Some(Duration::from_secs(30));
     let engine = run(

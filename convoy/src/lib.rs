@@ -21,6 +21,8 @@
 //! ```
 //!
 //! - [`connect`] / [`ConnectConfig`]: URL, TOML file and `CONVOY_*` settings → a [`Connection`];
+//! - [`EngineSettings`]: the engine's settings from the same file (`[engine]`) and
+//!   `CONVOY_ENGINE_*`, applied by [`Connection::engine_config`];
 //! - [`Connection`]: subscribe, publish, dead-letter sink, topics, baseline;
 //! - [`dlq`]: list dead letters with their reasons and replay selected ones;
 //! - [`unique_suffix`]: fresh topic and group names on a shared broker;
@@ -39,6 +41,7 @@ compile_error!("enable at least one broker feature of `convoy`: `memory`, `kafka
 mod backend;
 mod connection;
 pub mod dlq;
+pub mod engine_settings;
 mod error;
 mod names;
 pub mod settings;
@@ -46,6 +49,7 @@ mod signals;
 
 pub use connection::{connect, Connection, RecordCheck, TopicInfo, TopicSpec};
 pub use convoy_core::*;
+pub use engine_settings::EngineSettings;
 pub use error::ConnectError;
 pub use names::unique_suffix;
 pub use settings::{ConnectConfig, Endpoint};

@@ -9,6 +9,10 @@
 //! partitions = 8              # for topics convoy creates
 //! [properties]                # backend settings, e.g. librdkafka's
 //! "fetch.wait.max.ms" = "5"
+//! [engine]                    # the engine's settings: see `EngineSettings`
+//! max_in_flight = 512
+//! [engine.retry]
+//! max_attempts = 5
 //! ```
 
 use std::collections::BTreeMap;
@@ -19,6 +23,7 @@ use convoy_core::config::{has_unescaped_password, is_secret, redact_userinfo, re
 use convoy_core::ConfigError;
 use serde::Deserialize;
 
+use crate::engine_settings::EngineSettings;
 use crate::error::ConnectError;
 
 /// Partitions of topics convoy creates when nothing says otherwise.
@@ -27,7 +32,7 @@ pub const DEFAULT_PARTITIONS: u32 = 8;
 pub const DEFAULT_GROUP: &str = "convoy";
 
 /// Connection settings before they are resolved against the URL.
-#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectConfig {
     /// `memory://[name]` or `kafka://host:port[,host:port]`, with optional `?key=value` parameters.
@@ -43,6 +48,10 @@ pub struct ConnectConfig {
     /// Backend properties (for Kafka: any librdkafka property).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// The engine's settings (`[engine]`; `CONVOY_ENGINE_*`), applied by
+    /// [`crate::Connection::engine_config`].
+    #[serde(default)]
+    pub engine: EngineSettings,
 }
 
 impl fmt::Debug for ConnectConfig {
@@ -55,6 +64,7 @@ impl fmt::Debug for ConnectConfig {
             .field("dlq_topic", &self.dlq_topic)
             .field("partitions", &self.partitions)
             .field("properties", &properties)
+            .field("engine", &self.engine)
             .finish()
     }
 }
@@ -110,9 +120,11 @@ impl ConnectConfig {
     }
 
     /// Reads `CONVOY_URL`, `CONVOY_GROUP`, `CONVOY_TOPICS` (comma-separated),
-    /// `CONVOY_DLQ_TOPIC` and `CONVOY_PARTITIONS`.
+    /// `CONVOY_DLQ_TOPIC`, `CONVOY_PARTITIONS` and the engine's `CONVOY_ENGINE_*`.
     pub fn from_env() -> Result<Self, ConnectError> {
-        Self::from_vars(|name| std::env::var(name).ok())
+        let mut config = Self::from_vars(|name| std::env::var(name).ok())?;
+        config.engine = EngineSettings::from_vars(std::env::vars())?;
+        Ok(config)
     }
 
     fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ConnectError> {
@@ -133,6 +145,7 @@ impl ConnectConfig {
             dlq_topic: var("CONVOY_DLQ_TOPIC"),
             partitions,
             properties: BTreeMap::new(),
+            engine: EngineSettings::default(),
         })
     }
 
@@ -147,6 +160,7 @@ impl ConnectConfig {
             dlq_topic: self.dlq_topic.or(lower.dlq_topic),
             partitions: self.partitions.or(lower.partitions),
             properties,
+            engine: self.engine.over(lower.engine),
         }
     }
 

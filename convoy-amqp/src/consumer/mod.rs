@@ -98,6 +98,10 @@ impl AmqpTransport {
 
 #[async_trait]
 impl Transport for AmqpTransport {
+    fn group(&self) -> Option<String> {
+        Some(self.config.group.clone())
+    }
+
     async fn subscribe(&self) -> Result<Subscription, TransportError> {
         self.subscribe_with(PrefetchLimit::default()).await
     }

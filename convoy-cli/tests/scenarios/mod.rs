@@ -84,10 +84,7 @@ async fn consume(
         }
     });
     let engine = Engine::builder(handler)
-        .config(EngineConfig {
-            group: connection.endpoint().group.clone(),
-            ..EngineConfig::default()
-        })
+        .config(EngineConfig::for_group(connection.endpoint().group.clone()))
         .dead_letter_sink(connection.dead_letter_sink().unwrap())
         .idempotency_store(store)
         .build()

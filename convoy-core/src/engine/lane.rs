@@ -40,6 +40,23 @@ pub(crate) struct LaneContext {
     pub metrics: LaneMetrics,
 }
 
+impl LaneContext {
+    /// The same context for consumer group `group` (its dead-letter reasons and metrics).
+    pub fn in_group(&self, group: &str) -> LaneContext {
+        LaneContext {
+            handler: self.handler.clone(),
+            retry: self.retry,
+            dead_letter_backoff: self.dead_letter_backoff,
+            sink: self.sink.clone(),
+            idempotency: self.idempotency.clone(),
+            reject_keyless: self.reject_keyless,
+            max_payload_bytes: self.max_payload_bytes,
+            group: group.to_owned(),
+            metrics: LaneMetrics::new(group),
+        }
+    }
+}
+
 /// How a message finished.
 #[derive(Debug)]
 pub(crate) enum Outcome {

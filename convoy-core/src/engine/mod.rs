@@ -121,8 +121,8 @@ impl EngineBuilder {
                 idempotency: self.idempotency,
                 reject_keyless: self.config.keyless == crate::config::KeylessPolicy::DeadLetter,
                 max_payload_bytes: self.config.max_payload_bytes,
-                metrics: LaneMetrics::new(&self.config.group),
-                group: self.config.group.clone(),
+                metrics: LaneMetrics::new(self.config.group_or_default()),
+                group: self.config.group_or_default().to_owned(),
             }),
             config: self.config,
         })
@@ -154,7 +154,13 @@ impl Engine {
     /// Subscribes to `transport` with a prefetch limit derived from the back-pressure bounds
     /// (so the broker client buffers no more than the engine would hold), then runs on the
     /// subscription like [`Engine::spawn`]. Must be called within a Tokio runtime.
+    ///
+    /// An engine whose configuration names no group takes the transport's ([`Transport::group`]).
     pub async fn start<T: Transport + ?Sized>(&self, transport: &T) -> Result<EngineHandle, EngineError> {
+        let group = match self.config.group.is_empty() {
+            true => transport.group(),
+            false => None,
+        };
         let subscription = transport
             .subscribe_with(self.config.back_pressure.prefetch_limit())
             .await?;
@@ -165,7 +171,7 @@ impl Engine {
                 return Err(e.into());
             }
         }
-        Ok(self.spawn(subscription))
+        Ok(self.spawn_in(subscription, group))
     }
 
     /// Runs on `subscription` in a task of its own; the handle stops, aborts or awaits it.
@@ -173,9 +179,27 @@ impl Engine {
     /// [`EngineConfig::validate_for_revoke_timeout`]) ends the engine at once with
     /// [`EngineError::Config`]. Must be called within a Tokio runtime.
     pub fn spawn(&self, subscription: Subscription) -> EngineHandle {
+        self.spawn_in(subscription, None)
+    }
+
+    /// As [`spawn`](Self::spawn), in consumer group `group` when the configuration names none.
+    fn spawn_in(&self, subscription: Subscription, group: Option<String>) -> EngineHandle {
+        let (config, context) = match group {
+            Some(group) => {
+                let mut config = self.config.clone();
+                config.group = group;
+                let context = Arc::new(self.context.in_group(&config.group));
+                (config, context)
+            }
+            None => {
+                let mut config = self.config.clone();
+                config.group = config.group_or_default().to_owned();
+                (config, self.context.clone())
+            }
+        };
         let (signals, signals_rx) = watch::channel(0u8);
         let (inspector, inspects) = mpsc::channel(4);
-        let shard_count = self.config.effective_shards();
+        let shard_count = config.effective_shards();
         let stats = Arc::new(EngineStats::new(shard_count));
         let (reports_tx, reports) = mpsc::unbounded_channel();
         let mut shard_tasks = JoinSet::new();
@@ -191,7 +215,7 @@ impl Engine {
             let (tx, rx) = mpsc::unbounded_channel();
             shards.push(tx);
             let context = ShardContext {
-                ctx: self.context.clone(),
+                ctx: context.clone(),
                 stats: shard_stats.clone(),
                 calls: calls.clone(),
                 index,
@@ -201,7 +225,7 @@ impl Engine {
             shard_aborts.push(shard_tasks.spawn(shard.run()));
         }
         let intake = Intake::new(IntakeParts {
-            config: self.config.clone(),
+            config: config.clone(),
             subscription,
             reports,
             shards,

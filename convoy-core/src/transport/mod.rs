@@ -247,6 +247,12 @@ pub trait Transport: Send + Sync + 'static {
         let _ = limit;
         self.subscribe().await
     }
+
+    /// The consumer group this transport's members join, if it has one: an engine whose
+    /// configuration names no group takes it (for its dead-letter reasons and metrics).
+    fn group(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Where a published message landed.

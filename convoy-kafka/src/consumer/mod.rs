@@ -177,6 +177,10 @@ impl KafkaTransport {
 
 #[async_trait]
 impl Transport for KafkaTransport {
+    fn group(&self) -> Option<String> {
+        Some(self.config.group_id.clone())
+    }
+
     async fn subscribe(&self) -> Result<Subscription, TransportError> {
         self.subscribe_with(PrefetchLimit::default()).await
     }

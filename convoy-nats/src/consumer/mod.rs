@@ -124,6 +124,10 @@ impl NatsTransport {
 
 #[async_trait]
 impl Transport for NatsTransport {
+    fn group(&self) -> Option<String> {
+        Some(self.config.group.clone())
+    }
+
     async fn subscribe(&self) -> Result<Subscription, TransportError> {
         self.subscribe_with(PrefetchLimit::default()).await
     }

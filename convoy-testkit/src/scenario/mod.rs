@@ -158,15 +158,12 @@ pub fn baseline_check(messages: u64, keys: usize) -> (RecordCheck, Arc<OrderChec
 
 /// The seed's retry policy: backoff 1 ms, factor 2, cap 100 ms, full jitter.
 pub fn seed_retry() -> RetryPolicy {
-    RetryPolicy {
-        backoff: convoy_core::Backoff {
-            base: Duration::from_millis(1),
-            factor: 2.0,
-            cap: Duration::from_millis(100),
-            jitter: convoy_core::Jitter::Full,
-        },
-        ..RetryPolicy::default()
-    }
+    RetryPolicy::with_backoff(convoy_core::Backoff::new(
+        Duration::from_millis(1),
+        2.0,
+        Duration::from_millis(100),
+        convoy_core::Jitter::Full,
+    ))
 }
 
 /// Finished and total message counts while a run goes on.
@@ -206,13 +203,10 @@ pub async fn run(
         .hold_one_key
         .then(|| hold_one_key(&mut plan, checker.clone(), scenario, bed.partitions()));
     let handler = ProbeHandler::with_faults(checker.clone(), plan).without_in_flight_tracking();
-    let config = EngineConfig {
-        group: bed.group().to_owned(),
-        shards: scenario.shards,
-        retry: scenario.retry,
-        back_pressure: scenario.back_pressure,
-        ..EngineConfig::default()
-    };
+    let mut config = EngineConfig::for_group(bed.group());
+    config.shards = scenario.shards;
+    config.retry = scenario.retry;
+    config.back_pressure = scenario.back_pressure;
     let engine = Engine::builder(handler)
         .config(config)
         .dead_letter_sink(RecordingSink::new(bed.dead_letter_sink(), checker.clone()))

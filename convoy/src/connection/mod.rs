@@ -13,6 +13,7 @@ mod topics;
 pub use topics::{TopicInfo, TopicSpec};
 
 use crate::backend::{self, Backend};
+use crate::engine_settings::EngineSettings;
 use crate::error::ConnectError;
 use crate::settings::{ConnectConfig, Endpoint};
 
@@ -37,7 +38,11 @@ impl ConnectConfig {
     pub async fn connect(&self) -> Result<Connection, ConnectError> {
         let endpoint = self.resolve()?;
         let backend = backend::open(&endpoint).await?;
-        Ok(Connection { endpoint, backend })
+        Ok(Connection {
+            endpoint,
+            backend,
+            engine: self.engine.clone(),
+        })
     }
 }
 
@@ -46,6 +51,7 @@ impl ConnectConfig {
 pub struct Connection {
     endpoint: Endpoint,
     backend: Backend,
+    engine: EngineSettings,
 }
 
 impl std::fmt::Debug for Connection {
@@ -67,6 +73,15 @@ impl Connection {
     /// The resolved settings.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
+    }
+
+    /// The engine's configuration: the defaults, in this connection's group, with the
+    /// `[engine]` settings of the config file and `CONVOY_ENGINE_*` applied (an error names a
+    /// bad one).
+    pub fn engine_config(&self) -> Result<convoy_core::EngineConfig, convoy_core::ConfigError> {
+        let mut config = convoy_core::EngineConfig::for_group(self.endpoint.group.clone());
+        self.engine.apply(&mut config)?;
+        Ok(config)
     }
 
     /// The same broker with another consumer group.
@@ -97,7 +112,11 @@ impl Connection {
             #[cfg(feature = "nats")]
             Backend::Nats(c) => Backend::Nats(c.clone()),
         };
-        Connection { endpoint, backend }
+        Connection {
+            endpoint,
+            backend,
+            engine: self.engine.clone(),
+        }
     }
 
     /// The dead-letter topic: the one configured, or `<first topic>.dlq`.
@@ -348,6 +367,11 @@ impl Transport for Connection {
     /// Joins the group and consumes the configured topics.
     async fn subscribe(&self) -> Result<Subscription, TransportError> {
         self.subscribe_with(PrefetchLimit::default()).await
+    }
+
+    /// The connection's group: an engine started on it with no group of its own takes it.
+    fn group(&self) -> Option<String> {
+        Some(self.endpoint.group.clone())
     }
 
     /// Joins the group and consumes the configured topics, the broker client prefetching at
