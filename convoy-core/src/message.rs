@@ -327,7 +327,13 @@ impl OutgoingMessage {
             );
         }
         if crate::TraceContext::extract(&self.headers).is_none() {
-            crate::TraceContext::new_root().inject(&mut self.headers);
+            // Inside a span an OpenTelemetry layer records, that span is the message's parent.
+            #[cfg(feature = "opentelemetry")]
+            let context =
+                crate::TraceContext::of_current_span().unwrap_or_else(crate::TraceContext::new_root);
+            #[cfg(not(feature = "opentelemetry"))]
+            let context = crate::TraceContext::new_root();
+            context.inject(&mut self.headers);
         }
     }
 }

@@ -77,6 +77,36 @@ impl TraceContext {
         })
     }
 
+    /// This context as OpenTelemetry's remote parent (the producer's span).
+    #[cfg(feature = "opentelemetry")]
+    pub fn to_otel(&self) -> opentelemetry::Context {
+        use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+        let span = SpanContext::new(
+            TraceId::from_bytes(self.trace_id),
+            SpanId::from_bytes(self.span_id),
+            TraceFlags::new(self.flags),
+            true,
+            TraceState::default(),
+        );
+        opentelemetry::Context::new().with_remote_span_context(span)
+    }
+
+    /// The OpenTelemetry span of the current `tracing` span, if it has a valid one: what a
+    /// publish inside that span carries as `traceparent`.
+    #[cfg(feature = "opentelemetry")]
+    pub fn of_current_span() -> Option<Self> {
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        let context = tracing::Span::current().context();
+        let span = context.span();
+        let span = span.span_context();
+        span.is_valid().then(|| TraceContext {
+            trace_id: span.trace_id().to_bytes(),
+            span_id: span.span_id().to_bytes(),
+            flags: span.trace_flags().to_u8(),
+        })
+    }
+
     /// Reads the context from message headers.
     pub fn extract(headers: &Headers) -> Option<Self> {
         headers.get_str(TRACEPARENT).and_then(TraceContext::parse)

@@ -118,7 +118,10 @@ impl MemoryPublisher {
 
 #[async_trait]
 impl Publisher for MemoryPublisher {
-    async fn publish(&self, message: OutgoingMessage) -> Result<Receipt, TransportError> {
+    /// Stamps the message as every broker's publisher does (event id, `traceparent`);
+    /// [`MemoryBroker::publish`] stores it as it is, like a foreign producer.
+    async fn publish(&self, mut message: OutgoingMessage) -> Result<Receipt, TransportError> {
+        message.stamp();
         self.broker.publish(&self.topic, message)
     }
 }

@@ -228,6 +228,12 @@ async fn process(
     if let Some(parent) = TraceContext::extract(&message.headers) {
         span.record("trace_id", parent.trace_id_hex());
         span.record("parent_span_id", parent.span_id_hex());
+        // The producer's span is this span's parent in OpenTelemetry: one trace across the broker.
+        #[cfg(feature = "opentelemetry")]
+        {
+            use tracing_opentelemetry::OpenTelemetrySpanExt;
+            let _ = span.set_parent(parent.to_otel());
+        }
     }
     // Boxed so that the common case above does not carry a second copy of the state.
     Box::pin(
