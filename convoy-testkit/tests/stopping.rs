@@ -192,22 +192,19 @@ async fn run_until_stops_on_any_future_and_returns_early_when_the_engine_ends() 
         &checker,
     )
     .await;
-    let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    // The application's own reason to stop: its CancellationToken.
+    let token = tokio_util::sync::CancellationToken::new();
     let canceller = tokio::spawn({
         let checker = checker.clone();
+        let token = token.clone();
         async move {
             while !checker.complete() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let _ = cancel.send(()); // the application's own reason to stop
+            token.cancel();
         }
     });
-    let report = engine
-        .run_until(async {
-            let _ = cancelled.await;
-        })
-        .await
-        .unwrap();
+    let report = engine.run_until(token.cancelled()).await.unwrap();
     canceller.await.unwrap();
     assert_eq!(report.stats.handled, 30);
 
