@@ -110,8 +110,7 @@ pub async fn note(connection: &Connection, record: &Record) -> Result<(), Transp
 }
 
 /// Declares `topic` for `config.group` (see [`topology::declare_topic`]) and records what was
-/// new. A group new on a topic that existed before is told (a warning) that it receives only
-/// what is published from now on.
+/// new.
 pub async fn declare_recorded(
     connection: &Connection,
     topic: &str,
@@ -124,16 +123,23 @@ pub async fn declare_recorded(
     }
     if declared.group_new {
         note(connection, &Record::group(topic, partitions, &config.group)).await?;
-        if !declared.topic_new {
-            tracing::warn!(
-                topic,
-                group = %config.group,
-                "group {} is new on topic {topic}: it receives what is published from now on, not                  what was published before its queues existed (that went to the groups that existed then)",
-                config.group
-            );
-        }
     }
     Ok(declared)
+}
+
+/// Tells a consumer whose group is new on a topic that existed before (a warning) that it
+/// receives only what is published from now on. Not said when groups are declared ahead of
+/// their consumers (`convoy topic create --for-group`): that is the way to avoid it.
+pub fn tell_if_new_group(topic: &str, group: &str, declared: &topology::Declared) {
+    if declared.group_new && !declared.topic_new {
+        tracing::warn!(
+            topic,
+            group,
+            "group {group} is new on topic {topic}: it receives what is published from now on, not \
+             what was published before its queues existed (that went to the groups that existed \
+             then); declare groups before publishing with `convoy topic create --for-group`"
+        );
+    }
 }
 
 /// Every topic the registry knows, by name.

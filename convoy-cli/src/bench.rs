@@ -5,9 +5,12 @@
 use std::process::ExitCode;
 
 use crate::bed::ConnectionBed;
+use clap::ValueEnum;
 use convoy::ConnectConfig;
 use convoy_testkit::probe::Latency;
-use convoy_testkit::scenario::{run as run_scenario, seed_retry, Load, Scenario};
+use convoy_testkit::scenario::{
+    run as run_scenario, seed_reference, seed_retry, Load, Scenario, ScenarioReport, SEED_HELD_RATE,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{BenchArgs, ScenarioName};
@@ -60,6 +63,10 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
         back_pressure.window_low = 128;
     }
     Ok(Scenario {
+        name: args
+            .scenario
+            .to_possible_value()
+            .map_or_else(|| "custom".to_owned(), |v| v.get_name().to_owned()),
         messages: args.messages.unwrap_or(messages).max(1),
         keys: args.keys.unwrap_or(keys).max(1),
         partitions: args
@@ -83,17 +90,53 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
 }
 
 /// Runs the benchmark; fails (exit 1) unless every message finished in per-key order.
+///
+/// `seed` runs twice: unthrottled for the throughput, then at the seed's own pace for the
+/// latency (unless `--rate` already holds one), and shows the seed's figures beside both.
 pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
     let scenario = scenario(args)?;
     let connection = connect(config).await?;
+    let seed = args.scenario == ScenarioName::Seed;
+    let mut report = run_once(&connection, args, &scenario, "").await?;
+    if seed && args.rate.is_none() && report.passed() {
+        let held = Scenario {
+            load: Load::Live {
+                rate: Some(SEED_HELD_RATE),
+            },
+            baseline: false,
+            ..scenario.clone()
+        };
+        report.at_held_rate = Some(Box::new(
+            run_once(&connection, args, &held, "at the seed's pace: ").await?,
+        ));
+    }
+    if seed {
+        report.reference = Some(seed_reference());
+    }
+    report.print(args.json)?;
+    let passed = report.passed() && report.at_held_rate.as_ref().is_none_or(|r| r.passed());
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One run of `scenario` on a fresh topic (or the prefilled one), with a progress bar.
+async fn run_once(
+    connection: &convoy::Connection,
+    args: &BenchArgs,
+    scenario: &Scenario,
+    stage: &str,
+) -> Result<ScenarioReport, String> {
     let bed = match &args.prefilled_topic {
         // A fresh group reads a Kafka topic from its start; RabbitMQ's queues belong to the
         // groups declared before publishing, and memory:// starts empty in every process.
         Some(_) if connection.endpoint().scheme != "kafka" => {
             return Err("--prefilled-topic needs a kafka:// URL".into())
         }
-        Some(topic) => ConnectionBed::prefilled(&connection, topic, scenario.partitions).await,
-        None => ConnectionBed::new(&connection, scenario.partitions).await,
+        Some(topic) => ConnectionBed::prefilled(connection, topic, scenario.partitions).await,
+        None => ConnectionBed::new(connection, scenario.partitions).await,
     }
     .map_err(|e| e.to_string())?;
     let bar = ProgressBar::with_draw_target(Some(scenario.messages), ProgressDrawTarget::stderr());
@@ -101,22 +144,16 @@ pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
     bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} finished ({per_sec})",
-        )
+        ProgressStyle::with_template(&format!(
+            "{stage}{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} finished ({{per_sec}})"
+        ))
         .map_err(|e| e.to_string())?,
     );
     let progress = |finished: u64, _total: u64| bar.set_position(finished);
-    let report = run_scenario(&bed, &scenario, &progress).await;
+    let report = run_scenario(&bed, scenario, &progress).await;
     if let Err(e) = bed.clean_up().await {
         eprintln!("warning: cleaning up the benchmark topic failed: {e}");
     }
-    let report = report?;
     bar.finish_and_clear();
-    report.print(args.json)?;
-    Ok(if report.passed() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    report
 }

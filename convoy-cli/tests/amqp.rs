@@ -259,7 +259,25 @@ fn nothing_is_published_into_nowhere_and_a_new_group_is_warned() {
     let _ = child.wait();
     let line = line.expect("the new group was warned");
     assert!(line.contains("receives what is published from now on"), "{line}");
+    // Declaring a group ahead of its consumers is the way to avoid it: not warned.
+    let ahead = scenarios::convoy(&[
+        "--url",
+        &url,
+        "topic",
+        "create",
+        &topic,
+        "--partitions",
+        "4",
+        "--for-group",
+        "ledger",
+    ]);
+    let said = String::from_utf8_lossy(&ahead.stderr);
+    assert!(
+        ahead.status.success() && !said.contains("is new on topic"),
+        "{said}"
+    );
     let _ = scenarios::convoy(&["--url", &url, "topic", "delete", &topic, "--for-group", "audit"]);
+    let _ = scenarios::convoy(&["--url", &url, "topic", "delete", &topic, "--for-group", "ledger"]);
 }
 
 /// A RabbitMQ outage under `convoy consume` is said once, and its end too.

@@ -57,6 +57,45 @@ fn bench_on_the_embedded_broker_verifies_every_key() {
         "10 % fail once: {report}"
     );
     assert!(report["baseline_throughput_msg_s"].as_f64().unwrap() > 0.0);
+    // Beside the seed's own figures, with the latency measured again at the seed's pace.
+    assert_eq!(report["scenario"], "seed");
+    assert_eq!(report["reference"]["throughput_msg_s"], 14027.0);
+    assert_eq!(report["reference"]["p50_ms"], 11.7);
+    let held = &report["at_held_rate"];
+    assert_eq!(held["offered_rate_msg_s"], 14000.0, "{report}");
+    assert_eq!(
+        (held["messages"].as_u64(), held["lost"].as_u64()),
+        (Some(3000), Some(0))
+    );
+    assert_eq!(held["order_violations"], 0);
+    assert!(
+        held["rate_held"].is_boolean() && held["p50_ms"].as_f64().unwrap() > 0.0,
+        "{held}"
+    );
+    // The stages' means add up to the mean latency: the first two are measured on their own,
+    // so together they cannot exceed it.
+    for run in [&report, held] {
+        let stage = |name: &str| run["stages"][name].as_f64().unwrap();
+        let measured = stage("to_engine_mean_ms") + stage("in_engine_mean_ms");
+        let mean = run["mean_ms"].as_f64().unwrap();
+        assert!(measured <= mean * 1.01 + 0.01, "{run}");
+        let sum = measured + stage("handler_and_retries_mean_ms");
+        assert!((sum - mean).abs() <= mean * 0.01 + 0.01, "{run}");
+    }
+
+    // The table says what it compares with, and how to read its stages.
+    let out = convoy(&["bench", "--messages", "1000"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    for line in [
+        "throughput ÷ the reference's",
+        "at a held rate: p50 ÷ the reference's",
+        "latency mean = the stages' means",
+        "14027 msg/s, p50 11.7 ms",
+        "do not add up",
+    ] {
+        assert!(table.contains(line), "{line:?} missing: {table}");
+    }
 }
 
 #[test]
@@ -78,6 +117,8 @@ fn seed_load_reports_whether_the_rate_was_held() {
         (Some(2000), Some(1000))
     );
     assert_eq!(report["offered_rate_msg_s"], 2000.0);
+    assert_eq!(report["scenario"], "seed-load");
+    assert!(report.get("at_held_rate").is_none() && report.get("reference").is_none());
     assert!(report["rate_held"].is_boolean(), "{report}");
     assert_eq!(report["lost"], 0);
     // A live load splits the time before the handler at the engine's receipt.

@@ -82,7 +82,13 @@ fn scenario(args: &Args) -> Scenario {
             Load::Prefill,
         ),
     };
+    let name = match args.scenario {
+        Name::Seed => "seed",
+        Name::Keys => "keys",
+        Name::Work => "work",
+    };
     let mut s = Scenario {
+        name: name.to_owned(),
         messages: args.messages.unwrap_or(messages),
         keys,
         partitions: args.partitions.max(1),

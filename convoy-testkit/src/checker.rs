@@ -64,7 +64,8 @@ fn micros(d: Duration) -> u64 {
     d.as_micros().clamp(1, u128::from(u64::MAX)) as u64
 }
 
-/// Latency percentiles in microseconds: p50, p95, p99, p99.9.
+/// Latency percentiles in microseconds: p50, p95, p99, p99.9, and the mean (means of stages
+/// add up to the mean of the whole; percentiles do not).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Percentiles {
     /// Median.
@@ -75,6 +76,20 @@ pub struct Percentiles {
     pub p99: u64,
     /// 99.9th percentile.
     pub p999: u64,
+    /// Mean.
+    pub mean: u64,
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Self {
+        Percentiles {
+            p50: h.value_at_quantile(0.50),
+            p95: h.value_at_quantile(0.95),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            mean: h.mean().round() as u64,
+        }
+    }
 }
 
 /// Counts reported by [`OrderChecker::report`].
@@ -363,18 +378,12 @@ impl OrderChecker {
     /// Percentiles of [`acked`](Self::acked); `None` if nothing was recorded.
     pub fn ack_percentiles_us(&self) -> Option<Percentiles> {
         let h = self.acked_us.lock().unwrap_or_else(|p| p.into_inner());
-        (!h.is_empty()).then(|| Percentiles {
-            p50: h.value_at_quantile(0.50),
-            p95: h.value_at_quantile(0.95),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-        })
+        (!h.is_empty()).then(|| Percentiles::of(&h))
     }
 
-    /// Latency percentiles (microseconds) over everything recorded: (p50, p95, p99, p999).
-    pub fn latency_percentiles_us(&self) -> (u64, u64, u64, u64) {
-        let p = self.percentiles(|s| &s.latency_us);
-        (p.p50, p.p95, p.p99, p.p999)
+    /// Latency percentiles (microseconds) over everything recorded.
+    pub fn latency_percentiles_us(&self) -> Percentiles {
+        self.percentiles(|s| &s.latency_us)
     }
 
     /// Percentiles of the two stages recorded by [`stages`](Self::stages): (produce → engine,
@@ -397,12 +406,7 @@ impl OrderChecker {
             }
         }
         match all {
-            Some(h) if !h.is_empty() => Percentiles {
-                p50: h.value_at_quantile(0.50),
-                p95: h.value_at_quantile(0.95),
-                p99: h.value_at_quantile(0.99),
-                p999: h.value_at_quantile(0.999),
-            },
+            Some(h) if !h.is_empty() => Percentiles::of(&h),
             _ => Percentiles::default(),
         }
     }
@@ -505,5 +509,9 @@ mod tests {
         assert!((49_000..=51_000).contains(&to.p50), "{to:?}");
         assert!((98_000..=100_000).contains(&to.p99), "{to:?}");
         assert!((49..=51).contains(&inside.p50), "{inside:?}");
+        assert!(
+            (50_000..=51_000).contains(&to.mean),
+            "the mean of 1..=100 ms: {to:?}"
+        );
     }
 }

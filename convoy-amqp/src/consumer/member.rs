@@ -100,7 +100,9 @@ pub(super) async fn join(shared: Arc<Shared>) -> Result<GroupMember<Locks>, Tran
     let connection = connect(config, "consume").await?;
     let lease = ConnectionLease::hold(&connection, config.heartbeat_s).await?;
     for topic in &config.topics {
-        crate::registry::declare_recorded(&connection, topic, config, config.partitions).await?;
+        let declared =
+            crate::registry::declare_recorded(&connection, topic, config, config.partitions).await?;
+        crate::registry::tell_if_new_group(topic, &config.group, &declared);
     }
     let members = answered("opening the membership channel", connection.create_channel())
         .await?

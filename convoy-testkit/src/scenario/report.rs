@@ -7,6 +7,8 @@ use crate::checker::OrderChecker;
 /// The result, with the field names the JSON output promises.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScenarioReport {
+    /// The scenario's name (`seed`, `seed-load`, `custom`, `memory-bound`, a benchmark's own).
+    pub scenario: String,
     /// Transport name.
     pub transport: String,
     /// Messages published.
@@ -25,6 +27,8 @@ pub struct ScenarioReport {
     pub p99_ms: f64,
     /// 99.9th percentile.
     pub p999_ms: f64,
+    /// Mean latency, milliseconds: the stages' means add up to it.
+    pub mean_ms: f64,
     /// Where the time went before the handler, when messages carry their produce time (live
     /// loads): produce → the broker's acknowledgement, produce → received by the engine (the
     /// broker path, acknowledgement included) and received → handler started (the engine),
@@ -61,6 +65,9 @@ pub struct ScenarioReport {
     /// engine may hold (`total_bytes_high`) plus what the broker client may prefetch
     /// (the prefetch limit derived from it), MiB.
     pub configured_bound_mb: f64,
+    /// What the engine itself may hold (`total_bytes_high`), MiB: `peak_held_mb` stays under
+    /// it whatever the process's resident memory does.
+    pub engine_bound_mb: f64,
     /// How far resident memory grew over `rss_after_prefill_mb` while consuming, MiB: to
     /// compare with `configured_bound_mb`.
     pub rss_growth_mb: f64,
@@ -75,10 +82,30 @@ pub struct ScenarioReport {
     /// Live load at a rate: whether both producer and consumer kept within 5 % of it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_held: Option<bool>,
+    /// The figures this scenario is compared with (the seed's, for `seed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<Reference>,
+    /// The same scenario again at a held rate (the reference's pace), for a latency that is not
+    /// queueing behind an unthrottled producer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_held_rate: Option<Box<ScenarioReport>>,
+}
+
+/// Figures measured elsewhere that a scenario reproduces, shown beside convoy's.
+#[derive(Clone, Debug, Serialize)]
+pub struct Reference {
+    /// Whose figures, measured how.
+    pub what: String,
+    /// Its throughput, msg/s.
+    pub throughput_msg_s: f64,
+    /// Its median latency, milliseconds.
+    pub p50_ms: f64,
 }
 
 /// What a run measured, turned into a [`ScenarioReport`] by [`ScenarioReport::new`].
 pub struct Measured<'a> {
+    /// The scenario's name.
+    pub scenario: &'a str,
     /// Transport name.
     pub transport: &'a str,
     /// Messages published.
@@ -114,12 +141,19 @@ pub struct Stages {
     pub to_ack_p99_ms: f64,
     /// Produce → received by the engine, median.
     pub to_engine_p50_ms: f64,
+    /// Produce → received by the engine, mean.
+    pub to_engine_mean_ms: f64,
     /// Produce → received by the engine, 99th percentile.
     pub to_engine_p99_ms: f64,
     /// Received by the engine → handler started, median.
     pub in_engine_p50_ms: f64,
     /// Received by the engine → handler started, 99th percentile.
     pub in_engine_p99_ms: f64,
+    /// Received by the engine → handler started, mean.
+    pub in_engine_mean_ms: f64,
+    /// The rest of the mean latency: the handler, and the backoff and attempts of retried
+    /// messages (`mean_ms` − `to_engine_mean_ms` − `in_engine_mean_ms`).
+    pub handler_and_retries_mean_ms: f64,
 }
 
 impl ScenarioReport {
@@ -127,28 +161,34 @@ impl ScenarioReport {
     pub fn new(m: Measured<'_>) -> Self {
         let check = m.checker.report();
         let ack = m.checker.ack_percentiles_us().unwrap_or_default();
-        let (p50, p95, p99, p999) = m.checker.latency_percentiles_us();
+        let latency = m.checker.latency_percentiles_us();
+        let ms = |us: u64| us as f64 / 1000.0;
         let throughput = m.messages as f64 / m.elapsed_s;
         let mib = |bytes: usize| bytes as f64 / f64::from(1 << 20);
         let bound = m.back_pressure.total_bytes_high + m.back_pressure.prefetch_limit().bytes;
         let peak_rss = m.peak_rss_mb;
         ScenarioReport {
+            scenario: m.scenario.to_owned(),
             transport: m.transport.to_owned(),
             messages: m.messages,
             keys: m.keys,
             elapsed_s: m.elapsed_s,
             throughput_msg_s: throughput,
-            p50_ms: p50 as f64 / 1000.0,
-            p95_ms: p95 as f64 / 1000.0,
-            p99_ms: p99 as f64 / 1000.0,
-            p999_ms: p999 as f64 / 1000.0,
+            p50_ms: ms(latency.p50),
+            p95_ms: ms(latency.p95),
+            p99_ms: ms(latency.p99),
+            p999_ms: ms(latency.p999),
+            mean_ms: ms(latency.mean),
             stages: m.checker.stage_percentiles_us().map(|(to, inside)| Stages {
-                to_ack_p50_ms: ack.p50 as f64 / 1000.0,
-                to_ack_p99_ms: ack.p99 as f64 / 1000.0,
-                to_engine_p50_ms: to.p50 as f64 / 1000.0,
-                to_engine_p99_ms: to.p99 as f64 / 1000.0,
-                in_engine_p50_ms: inside.p50 as f64 / 1000.0,
-                in_engine_p99_ms: inside.p99 as f64 / 1000.0,
+                to_ack_p50_ms: ms(ack.p50),
+                to_ack_p99_ms: ms(ack.p99),
+                to_engine_p50_ms: ms(to.p50),
+                to_engine_p99_ms: ms(to.p99),
+                to_engine_mean_ms: ms(to.mean),
+                in_engine_p50_ms: ms(inside.p50),
+                in_engine_p99_ms: ms(inside.p99),
+                in_engine_mean_ms: ms(inside.mean),
+                handler_and_retries_mean_ms: (ms(latency.mean) - ms(to.mean) - ms(inside.mean)).max(0.0),
             }),
             retries: m.stats.retries,
             dead_letters: check.dead_lettered,
@@ -167,11 +207,14 @@ impl ScenarioReport {
             peak_held_mb: mib(m.stats.peak_held_bytes),
             peak_window: m.stats.peak_window,
             configured_bound_mb: mib(bound),
+            engine_bound_mb: mib(m.back_pressure.total_bytes_high),
             rss_growth_mb: (peak_rss - m.rss_before_mb).max(0.0),
             completed: m.completed,
             offered_rate_msg_s: None,
             produced_rate_msg_s: None,
             rate_held: None,
+            reference: None,
+            at_held_rate: None,
         }
     }
 
@@ -182,95 +225,189 @@ impl ScenarioReport {
         self.rate_held = target.map(|t| produced >= 0.95 * t && self.throughput_msg_s >= 0.95 * t);
     }
 
-    /// The report as a two-column table.
+    /// The report as a two-column table, with notes under it on how to read it.
     pub fn table(&self) -> String {
-        let mut rows: Vec<(&str, String)> = vec![
-            ("transport", self.transport.clone()),
-            ("messages / keys", format!("{} / {}", self.messages, self.keys)),
-            ("elapsed", format!("{:.3} s", self.elapsed_s)),
-            ("throughput", format!("{:.0} msg/s", self.throughput_msg_s)),
-        ];
-        if let Some(rate) = self.offered_rate_msg_s {
-            rows.push(("offered rate", format!("{rate:.0} msg/s")));
-        }
-        if let Some(rate) = self.produced_rate_msg_s {
-            rows.push(("produced rate", format!("{rate:.0} msg/s")));
-        }
-        if let Some(held) = self.rate_held {
-            rows.push(("rate held", if held { "yes" } else { "no" }.to_owned()));
-        }
-        rows.extend([
-            (
-                "latency p50 / p95",
-                format!("{:.3} ms / {:.3} ms", self.p50_ms, self.p95_ms),
-            ),
-            (
-                "latency p99 / p99.9",
-                format!("{:.3} ms / {:.3} ms", self.p99_ms, self.p999_ms),
-            ),
-        ]);
-        if let Some(s) = self.stages {
-            rows.extend([
-                (
-                    "produce → broker ack p50 / p99",
-                    format!("{:.3} ms / {:.3} ms", s.to_ack_p50_ms, s.to_ack_p99_ms),
-                ),
-                (
-                    "produce → engine p50 / p99",
-                    format!("{:.3} ms / {:.3} ms", s.to_engine_p50_ms, s.to_engine_p99_ms),
-                ),
-                (
-                    "engine → handler p50 / p99",
-                    format!("{:.3} ms / {:.3} ms", s.in_engine_p50_ms, s.in_engine_p99_ms),
-                ),
-            ]);
-        }
-        rows.extend([
-            ("retries", self.retries.to_string()),
-            ("dead letters", self.dead_letters.to_string()),
-            ("order violations", self.order_violations.to_string()),
-            ("lost", self.lost.to_string()),
-            ("duplicates", self.duplicates.to_string()),
-            (
-                "baseline (bare client)",
-                format!("{:.0} msg/s", self.baseline_throughput_msg_s),
-            ),
-            ("ratio to baseline", format!("{:.3}", self.ratio_to_baseline)),
-            ("peak RSS", format!("{:.1} MiB", self.peak_rss_mb)),
-            (
-                "RSS growth / configured bound",
+        let mut rows: Vec<(String, String)> = Vec::new();
+        let mut notes: Vec<String> = Vec::new();
+        let mut row = |k: &str, v: String| rows.push((k.to_owned(), v));
+        row("scenario", self.scenario.clone());
+        row("transport", self.transport.clone());
+        row("messages / keys", format!("{} / {}", self.messages, self.keys));
+        row("elapsed", format!("{:.3} s", self.elapsed_s));
+        row("throughput", format!("{:.0} msg/s", self.throughput_msg_s));
+        if let Some(r) = &self.reference {
+            row(
+                "throughput ÷ the reference's",
                 format!(
-                    "{:.1} MiB / {:.1} MiB",
-                    self.rss_growth_mb, self.configured_bound_mb
+                    "{:.2}× ({:.0} msg/s against {:.0})",
+                    self.throughput_msg_s / r.throughput_msg_s,
+                    self.throughput_msg_s,
+                    r.throughput_msg_s
                 ),
-            ),
-            (
-                "peak held / window",
-                format!(
-                    "{} messages, {:.1} MiB / {} offsets",
-                    self.peak_held, self.peak_held_mb, self.peak_window
-                ),
-            ),
-            (
-                "result",
-                if self.passed() {
-                    "PASS: every message finished, per-key order held".to_owned()
-                } else if !self.completed {
-                    "FAIL: not every message finished in time".to_owned()
-                } else {
-                    "FAIL: order violated or messages lost".to_owned()
-                },
-            ),
-        ]);
-        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-        let value_width = rows.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+            );
+        }
+        self.latency_rows(&mut row, &mut notes, "");
+        if let Some(held) = &self.at_held_rate {
+            held.latency_rows(&mut row, &mut notes, "at a held rate: ");
+            if let Some(r) = &self.reference {
+                row(
+                    "at a held rate: p50 ÷ the reference's",
+                    format!(
+                        "{:.2}× ({:.3} ms against {} ms)",
+                        held.p50_ms / r.p50_ms,
+                        held.p50_ms,
+                        r.p50_ms
+                    ),
+                );
+            }
+        }
+        if let Some(r) = &self.reference {
+            notes.push(format!(
+                "The reference: {} — {:.0} msg/s, p50 {} ms.",
+                r.what, r.throughput_msg_s, r.p50_ms
+            ));
+        }
+        row("retries", self.retries.to_string());
+        row("dead letters", self.dead_letters.to_string());
+        row("order violations", self.order_violations.to_string());
+        row("lost", self.lost.to_string());
+        row("duplicates", self.duplicates.to_string());
+        row(
+            "baseline (bare client)",
+            format!("{:.0} msg/s", self.baseline_throughput_msg_s),
+        );
+        row("ratio to baseline", format!("{:.3}", self.ratio_to_baseline));
+        self.memory_rows(&mut row, &mut notes);
+        row(
+            "result",
+            if self.passed() {
+                "PASS: every message finished, per-key order held".to_owned()
+            } else if !self.completed {
+                "FAIL: not every message finished in time".to_owned()
+            } else {
+                "FAIL: order violated or messages lost".to_owned()
+            },
+        );
+        let width = rows.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
+        let value_width = rows.iter().map(|(_, v)| v.chars().count()).max().unwrap_or(0);
         let rule = format!("+-{}-+-{}-+\n", "-".repeat(width), "-".repeat(value_width));
         let mut out = rule.clone();
         for (k, v) in rows {
-            out.push_str(&format!("| {k:<width$} | {v:<value_width$} |\n"));
+            let (kp, vp) = (width - k.chars().count(), value_width - v.chars().count());
+            out.push_str(&format!("| {k}{} | {v}{} |\n", " ".repeat(kp), " ".repeat(vp)));
         }
         out.push_str(&rule);
+        for note in notes {
+            out.push_str(&format!("{note}\n"));
+        }
         out
+    }
+
+    /// The rate, latency and stage rows of this run, each name after `prefix`.
+    fn latency_rows(&self, row: &mut impl FnMut(&str, String), notes: &mut Vec<String>, prefix: &str) {
+        let name = |what: &str| format!("{prefix}{what}");
+        let ms = |v: f64| format!("{v:.3} ms");
+        match (self.offered_rate_msg_s, self.produced_rate_msg_s) {
+            (Some(offered), produced) => {
+                row(
+                    &name("offered / produced / consumed"),
+                    format!(
+                        "{offered:.0} / {:.0} / {:.0} msg/s",
+                        produced.unwrap_or(0.0),
+                        self.throughput_msg_s
+                    ),
+                );
+                let held = self.rate_held.unwrap_or(false);
+                row(&name("rate held"), if held { "yes" } else { "no" }.to_owned());
+                if !held {
+                    notes.push(format!(
+                        "{prefix}the rate was not held: the producer or the consumer stayed more than 5 % below {offered:.0} msg/s, so the latency includes queueing."
+                    ));
+                }
+            }
+            (None, Some(produced)) => {
+                row(&name("produced rate"), format!("{produced:.0} msg/s"));
+                notes.push(format!(
+                    "{prefix}latency under an unthrottled producer is mostly queueing behind it (the median waits for half the burst); the held-rate rows show latency at a pace the consumer keeps."
+                ));
+            }
+            (None, None) => {}
+        }
+        row(
+            &name("latency p50 / p95"),
+            format!("{} / {}", ms(self.p50_ms), ms(self.p95_ms)),
+        );
+        row(
+            &name("latency p99 / p99.9"),
+            format!("{} / {}", ms(self.p99_ms), ms(self.p999_ms)),
+        );
+        let Some(s) = self.stages else {
+            return;
+        };
+        row(
+            &name("latency mean = the stages' means"),
+            format!(
+                "{} = {:.3} + {:.3} + {:.3}",
+                ms(self.mean_ms),
+                s.to_engine_mean_ms,
+                s.in_engine_mean_ms,
+                s.handler_and_retries_mean_ms
+            ),
+        );
+        row(
+            &name("1. produce → engine p50 / p99"),
+            format!("{} / {}", ms(s.to_engine_p50_ms), ms(s.to_engine_p99_ms)),
+        );
+        row(
+            &name("   of it, produce → broker ack"),
+            format!("{} / {}", ms(s.to_ack_p50_ms), ms(s.to_ack_p99_ms)),
+        );
+        row(
+            &name("2. engine → handler p50 / p99"),
+            format!("{} / {}", ms(s.in_engine_p50_ms), ms(s.in_engine_p99_ms)),
+        );
+        row(
+            &name("3. handler and retries, mean"),
+            ms(s.handler_and_retries_mean_ms),
+        );
+        if prefix.is_empty() {
+            notes.push(
+                "Latency is produce → handled. Its mean is the sum of the stages' means: 1. the broker path (first attempts), 2. waiting in the engine behind the key and back-pressure, 3. the handler with the backoff of retried messages; each stage's percentiles are its own and do not add up.".to_owned(),
+            );
+        }
+    }
+
+    /// Resident memory and what the engine held, against their bounds.
+    fn memory_rows(&self, row: &mut impl FnMut(&str, String), notes: &mut Vec<String>) {
+        row("peak RSS", format!("{:.1} MiB", self.peak_rss_mb));
+        row(
+            "RSS growth / bound (engine + prefetch)",
+            format!(
+                "{:.1} MiB / {:.1} MiB",
+                self.rss_growth_mb, self.configured_bound_mb
+            ),
+        );
+        row(
+            "engine's peak held / its bound",
+            format!(
+                "{} messages, {:.1} MiB / {:.1} MiB (window {} offsets)",
+                self.peak_held, self.peak_held_mb, self.engine_bound_mb, self.peak_window
+            ),
+        );
+        if self.rss_growth_mb > self.configured_bound_mb {
+            let producer = if self.produced_rate_msg_s.is_some() {
+                "the producer of this benchmark, which runs in the same process, "
+            } else {
+                ""
+            };
+            notes.push(format!(
+                "RSS grew {:.1} MiB past the bound: the process holds more than the engine — {}the broker client's own buffers and connections, the allocator's retained pages, the checker's bookkeeping. The engine itself held at most {:.1} MiB of its {:.1} MiB.",
+                self.rss_growth_mb - self.configured_bound_mb,
+                producer,
+                self.peak_held_mb,
+                self.engine_bound_mb
+            ));
+        }
     }
 
     /// True when every message finished, in per-key order, none lost.
@@ -347,4 +484,47 @@ fn proc_status_mb(field: &str) -> f64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
         })
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rss_growth_mb: f64, peak_held_bytes: usize) -> ScenarioReport {
+        let checker = OrderChecker::new();
+        let stats = convoy_core::StatsSnapshot {
+            peak_held_bytes,
+            ..Default::default()
+        };
+        ScenarioReport::new(Measured {
+            scenario: "custom",
+            transport: "memory",
+            messages: 1,
+            keys: 1,
+            elapsed_s: 1.0,
+            completed: true,
+            checker: &checker,
+            stats,
+            baseline_msg_s: 0.0,
+            rss_before_mb: 100.0,
+            peak_rss_mb: 100.0 + rss_growth_mb,
+            back_pressure: convoy_core::BackPressure::default(),
+        })
+    }
+
+    #[test]
+    fn resident_memory_above_the_bound_is_explained_with_what_the_engine_held() {
+        let within = report(10.0, 1 << 20).table();
+        assert!(!within.contains("past the bound"), "{within}");
+        let above = report(500.0, 3 << 20);
+        let table = above.table();
+        let bound = above.engine_bound_mb;
+        assert!(
+            table.contains("RSS grew")
+                && table.contains(&format!(
+                    "The engine itself held at most 3.0 MiB of its {bound:.1} MiB"
+                )),
+            "{table}"
+        );
+    }
 }
