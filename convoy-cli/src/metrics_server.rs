@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use convoy::{Inspection, Inspector, StatsReader};
+use convoy::{Inspection, Inspector, StatsReader, StatsSnapshot};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
@@ -131,35 +131,8 @@ impl Endpoint {
     }
 
     fn readiness(&self) -> Response<Full<Bytes>> {
-        let Some((stats, _)) = self.engine.get() else {
-            return json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"ready": false, "reason": "the engine has not started (connecting, joining the group)"}),
-            );
-        };
-        let s = stats.snapshot();
-        let reason = if s.sources == 0 {
-            Some(
-                "no sources assigned (joining the group, a rebalance, or more members than partitions)"
-                    .to_owned(),
-            )
-        } else {
-            s.commits_failing_for
-                .filter(|failing| *failing > COMMITS_FAILING_AT_MOST)
-                .map(|failing| format!("commits have been failing for {} s", failing.as_secs()))
-        };
-        let body = json!({
-            "ready": reason.is_none(),
-            "reason": reason,
-            "sources": s.sources,
-            "held": s.held,
-            "commits": s.commits,
-            "commits_failing_for_s": s.commits_failing_for.map(|d| d.as_secs_f64()),
-        });
-        let status = match reason {
-            None => StatusCode::OK,
-            Some(_) => StatusCode::SERVICE_UNAVAILABLE,
-        };
+        let snapshot = self.engine.get().map(|(stats, _)| stats.snapshot());
+        let (status, body) = readiness(snapshot.as_ref());
         json_response(status, &body)
     }
 
@@ -178,6 +151,39 @@ impl Endpoint {
             ),
         }
     }
+}
+
+/// Whether a member is ready, and why not: `None` is an engine that has not started yet.
+fn readiness(snapshot: Option<&StatsSnapshot>) -> (StatusCode, serde_json::Value) {
+    let Some(s) = snapshot else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"ready": false, "reason": "the engine has not started (connecting, joining the group)"}),
+        );
+    };
+    let reason = if s.sources == 0 {
+        Some(
+            "no sources assigned (joining the group, a rebalance, or more members than partitions)"
+                .to_owned(),
+        )
+    } else {
+        s.commits_failing_for
+            .filter(|failing| *failing > COMMITS_FAILING_AT_MOST)
+            .map(|failing| format!("commits have been failing for {} s", failing.as_secs()))
+    };
+    let status = match reason {
+        None => StatusCode::OK,
+        Some(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let body = json!({
+        "ready": reason.is_none(),
+        "reason": reason,
+        "sources": s.sources,
+        "held": s.held,
+        "commits": s.commits,
+        "commits_failing_for_s": s.commits_failing_for.map(|d| d.as_secs_f64()),
+    });
+    (status, body)
 }
 
 /// The value of `name` in a query string.
@@ -235,4 +241,56 @@ fn to_json(inspection: &Inspection, stats: &StatsReader) -> serde_json::Value {
         "backlog": inspection.backlog.iter().map(lane).collect::<Vec<_>>(),
         "stuck_timeout_s": inspection.stuck_timeout.map(|d| d.as_secs_f64()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(sources: usize, commits_failing_for: Option<Duration>) -> StatsSnapshot {
+        StatsSnapshot {
+            sources,
+            commits: 7,
+            commits_failing_for,
+            ..StatsSnapshot::default()
+        }
+    }
+
+    #[test]
+    fn a_member_is_not_ready_before_its_engine_runs_or_without_sources() {
+        let (status, body) = readiness(None);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["ready"], false);
+        assert!(
+            body["reason"].as_str().is_some_and(|r| r.contains("not started")),
+            "{body}"
+        );
+
+        let (status, body) = readiness(Some(&member(0, None)));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("no sources assigned")),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn commits_failing_briefly_keep_a_member_ready_and_failing_long_do_not() {
+        let (status, body) = readiness(Some(&member(3, None)));
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["ready"], true);
+        assert_eq!(body["sources"], 3);
+        assert_eq!(body["commits"], 7);
+
+        let (status, body) = readiness(Some(&member(3, Some(Duration::from_secs(5)))));
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["commits_failing_for_s"], 5.0);
+
+        let (status, body) = readiness(Some(&member(3, Some(Duration::from_secs(45)))));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["ready"], false);
+        assert_eq!(body["reason"], "commits have been failing for 45 s");
+    }
 }

@@ -15,6 +15,7 @@
 //! - [`retry`]: backoff, jitter and limits for in-lane retry;
 //! - [`dead_letter`]: sinks and the reason headers;
 //! - [`watermark`]: the contiguous watermark per source;
+//! - [`offset_map`]: the finished offsets above a watermark, as text a broker stores beside it;
 //! - [`backpressure`]: the high/low water gate;
 //! - [`idempotency`]: duplicate detection by event id;
 //! - [`trace_context`]: W3C `traceparent` across the broker;
@@ -30,6 +31,7 @@ pub mod handler;
 pub mod idempotency;
 pub mod message;
 pub mod metrics;
+pub mod offset_map;
 pub mod partitioner;
 pub mod retry;
 pub mod trace_context;

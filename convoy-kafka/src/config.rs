@@ -61,7 +61,7 @@ fn default_revoke_timeout_ms() -> u64 {
 }
 
 fn default_offset_map_max_bytes() -> usize {
-    crate::offset_map::DEFAULT_MAX_METADATA
+    convoy_core::offset_map::DEFAULT_MAX_METADATA
 }
 
 /// convoy's session timeout for the classic protocol: a killed member's partitions move on

@@ -5,7 +5,6 @@
 //! - [`consumer`]: [`KafkaTransport`] — a consumer-group member whose partitions are sources,
 //!   each on its own split queue, with revoke drains and watermark commits (`W + 1`);
 //! - [`producer`]: [`KafkaPublisher`] (idempotent, murmur2-compatible) and [`KafkaDeadLetterSink`];
-//! - [`offset_map`]: finished offsets above the watermark in commit metadata;
 //! - [`admin`]: reachability, topic creation, reading a topic without a group;
 //! - [`baseline`]: the bare-consumer drain benchmarks compare against;
 //! - [`convert`]: records ↔ messages;
@@ -17,7 +16,6 @@ pub mod config;
 pub mod consumer;
 pub mod convert;
 pub mod fatal;
-pub mod offset_map;
 pub mod producer;
 
 pub use config::{Assignor, GroupProtocol, KafkaConfig, Prefetch};

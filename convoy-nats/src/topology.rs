@@ -20,6 +20,7 @@ use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, Stor
 use async_nats::jetstream::Context;
 use async_nats::jetstream::ErrorCode;
 use bytes::Bytes;
+use convoy_core::offset_map;
 use convoy_core::{Offset, TransportError};
 
 use crate::config::NatsConfig;
@@ -78,10 +79,11 @@ pub fn partition_key(topic: &str, p: u32) -> String {
 }
 
 /// What a watermark entry holds: the watermark, the member that wrote it (so a member can tell
-/// its own write from another's when the answer to a write was lost), and when the stream it
+/// its own write from another's when the answer to a write was lost), when the stream it
 /// counts in was created (so a watermark of a stream deleted and created again, or restored
-/// from an older backup, is not taken for a position in the new one).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// from an older backup, is not taken for a position in the new one), and the sequences above
+/// the watermark already finished (so the next owner skips them, as Kafka's offset map does).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WatermarkEntry {
     /// Every stream sequence up to it is finished (none: nothing is).
     pub watermark: Option<Offset>,
@@ -89,28 +91,42 @@ pub struct WatermarkEntry {
     pub writer: Option<u64>,
     /// The stream's creation time, in Unix nanoseconds (none in an earlier version's value).
     pub stream_created: Option<i128>,
+    /// Finished sequences above the watermark, ascending (empty in an earlier version's value,
+    /// and when they would not fit [`FINISHED_ABOVE_MAX_BYTES`]: they are handled again then).
+    pub finished_above: Vec<Offset>,
 }
 
+/// The most bytes the finished sequences above a watermark take in its entry.
+pub const FINISHED_ABOVE_MAX_BYTES: usize = 16 * 1024;
+
 impl WatermarkEntry {
-    /// The entry's value: `"<watermark>@<writer hex>@<stream created ns>"`, the watermark empty
-    /// for none.
+    /// The entry's value: `"<watermark>@<writer hex>@<stream created ns>@<offset map>"`, the
+    /// watermark empty for none, the map ([`convoy_core::offset_map`]) empty for nothing above.
     pub fn encode(&self) -> Bytes {
+        let next = self.watermark.map_or(0, |w| w + 1);
+        let map = offset_map::encode(next, &self.finished_above, FINISHED_ABOVE_MAX_BYTES);
         Bytes::from(format!(
-            "{}@{:016x}@{}",
+            "{}@{:016x}@{}@{}",
             self.watermark.map(|w| w.to_string()).unwrap_or_default(),
             self.writer.unwrap_or_default(),
-            self.stream_created.unwrap_or_default()
+            self.stream_created.unwrap_or_default(),
+            map.unwrap_or_default()
         ))
     }
 
-    /// Reads a value written by [`WatermarkEntry::encode`] or an earlier version's bare number.
+    /// Reads a value written by [`WatermarkEntry::encode`] or an earlier version's.
     pub fn decode(value: &[u8]) -> WatermarkEntry {
         let text = std::str::from_utf8(value).unwrap_or_default();
         let mut parts = text.split('@');
+        let watermark = parts.next().and_then(|w| w.parse().ok());
         WatermarkEntry {
-            watermark: parts.next().and_then(|w| w.parse().ok()),
+            watermark,
             writer: parts.next().and_then(|m| u64::from_str_radix(m, 16).ok()),
             stream_created: parts.next().and_then(|c| c.parse().ok()),
+            finished_above: parts
+                .next()
+                .map(|map| offset_map::decode(watermark.map_or(0, |w| w + 1), map))
+                .unwrap_or_default(),
         }
     }
 }
@@ -367,10 +383,22 @@ mod tests {
             watermark: Some(41),
             writer: Some(0xa7),
             stream_created: Some(1_796_183_039_901_000_000),
+            finished_above: vec![43, 44, 90],
         };
         assert_eq!(WatermarkEntry::decode(&entry.encode()), entry);
+        let bare = WatermarkEntry {
+            finished_above: Vec::new(),
+            ..entry.clone()
+        };
+        assert_eq!(WatermarkEntry::decode(&bare.encode()), bare);
+        assert_eq!(
+            WatermarkEntry::decode(b"41@00000000000000a7@1796183039901000000"),
+            bare,
+            "the format without finished sequences"
+        );
         let none = WatermarkEntry {
             watermark: None,
+            finished_above: vec![3],
             ..entry
         };
         assert_eq!(WatermarkEntry::decode(&none.encode()), none);

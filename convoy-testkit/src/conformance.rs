@@ -129,6 +129,7 @@ macro_rules! conformance_tests {
             rebalance_two_consumers_mid_stream,
             slow_handler_fast_producer_bounded_memory,
             graceful_shutdown_commits,
+            a_stop_hands_over_only_what_is_unfinished,
             malformed_payload_dead_letters,
             duplicate_delivery_skipped,
             hot_key_does_not_stall_others,
@@ -679,6 +680,149 @@ pub async fn graceful_shutdown_commits(target: &dyn ConformanceTarget) {
                 "every source's watermark was committed at shutdown"
             );
         }
+    }
+}
+
+/// A stop that leaves a gap hands the next member only what is unfinished: key `a`'s first
+/// message never finishes (its handler hangs until the stop's deadline ends it) and its next
+/// two wait behind it, while every later message of other keys finishes. The watermark stays
+/// below `a`'s first; the messages finished above it are kept with it (Kafka's offset map, a
+/// NATS watermark entry, RabbitMQ's acknowledgement of each), so the next member handles `a`'s
+/// three and nothing else again.
+pub async fn a_stop_hands_over_only_what_is_unfinished(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 1).await;
+    let publisher = bed.publisher();
+    let mut above = HashSet::new();
+    for (key, payload) in [("gap-a", "a1"), ("gap-a", "a2"), ("gap-a", "a3")] {
+        publish(publisher.as_ref(), key, payload).await;
+    }
+    for k in 0..8 {
+        for n in 0..2 {
+            let (key, payload) = (format!("gap-b{k}"), format!("b{k}.{n}"));
+            publish(publisher.as_ref(), &key, &payload).await;
+            above.insert(payload);
+        }
+    }
+    let first = Recorder::new(Some("a1"));
+    let mut config = test_config(bed.group());
+    config.shutdown_timeout = Duration::from_secs(3);
+    let consumer = start(
+        bed.dead_letter_sink(),
+        first.handler(),
+        config,
+        subscribe(bed.as_ref()).await,
+    );
+    let started = first
+        .wait_until(|seen| seen.contains("a1") && above.iter().all(|b| seen.contains(b)))
+        .await;
+    assert!(
+        started,
+        "the first member did not take a1 and finish the rest: {:?}",
+        first.seen()
+    );
+    stop(consumer).await;
+    assert!(
+        !first.seen().contains("a2"),
+        "a2 waits behind a1, which never finished"
+    );
+
+    // A message published after the stop: once the next member handled it and drained what it
+    // received, anything handed over again would have been handled too.
+    publish(publisher.as_ref(), "gap-z", "end").await;
+    let next = Recorder::new(None);
+    let mut config = test_config(bed.group());
+    config.drain = convoy_core::Drain::Buffered;
+    let consumer = start(
+        bed.dead_letter_sink(),
+        next.handler(),
+        config,
+        subscribe(bed.as_ref()).await,
+    );
+    let done = next
+        .wait_until(|seen| ["a1", "a2", "a3", "end"].iter().all(|m| seen.contains(*m)))
+        .await;
+    assert!(
+        done,
+        "the next member did not get a's messages: {:?}",
+        next.seen()
+    );
+    stop(consumer).await;
+    let again: Vec<String> = next.seen().intersection(&above).cloned().collect();
+    assert!(
+        again.is_empty(),
+        "finished before the stop, handled again: {again:?}"
+    );
+    assert_eq!(
+        next.handled(),
+        vec!["a1", "a2", "a3", "end"].len(),
+        "{:?}",
+        next.seen()
+    );
+}
+
+async fn publish(publisher: &dyn Publisher, key: &str, payload: &str) {
+    if let Err(e) = publisher
+        .publish(OutgoingMessage::new(key.to_owned(), payload.to_owned()))
+        .await
+    {
+        panic!("publishing {payload} failed: {e}");
+    }
+}
+
+/// What a member's handler handled, by payload; the payload `hang` names never finishes.
+#[derive(Clone)]
+struct Recorder {
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+    hang: Option<&'static str>,
+}
+
+impl Recorder {
+    fn new(hang: Option<&'static str>) -> Self {
+        Recorder {
+            seen: Arc::default(),
+            hang,
+        }
+    }
+
+    fn handler(&self) -> impl Handler {
+        let recorder = self.clone();
+        convoy_core::handler_fn(move |d: Delivery| {
+            let recorder = recorder.clone();
+            async move {
+                let payload = String::from_utf8_lossy(d.payload()).into_owned();
+                let hang = recorder.hang == Some(payload.as_str());
+                recorder.lock().push(payload);
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                Ok(())
+            }
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn seen(&self) -> HashSet<String> {
+        self.lock().iter().cloned().collect()
+    }
+
+    /// Messages handled (started), counting repeats.
+    fn handled(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Waits (bounded by the case limit) until `done` holds for what was seen.
+    async fn wait_until(&self, done: impl Fn(&HashSet<String>) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        while tokio::time::Instant::now() < deadline {
+            if done(&self.seen()) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        done(&self.seen())
     }
 }
 

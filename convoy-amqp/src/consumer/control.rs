@@ -26,11 +26,13 @@ impl MemberSources for Shared {
         &self.departure
     }
 
-    /// `basic.ack(next - 1, multiple)` on each source's channel, only ever forward: a tag
-    /// acknowledged twice, or below an earlier multiple-ack, makes the broker close the channel.
+    /// `basic.ack(next - 1, multiple)` on each source's channel, and `basic.ack(tag)` for each
+    /// message finished above it, so a stop or a handover that leaves a gap does not send
+    /// finished messages to the next owner. A tag acknowledged twice makes the broker close the
+    /// channel: a multiple-ack goes only forward and ends on a tag not acknowledged on its own.
     async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {
         for c in commits {
-            let (channel, tag) = {
+            let (channel, acks) = {
                 let owned = self.owned();
                 let Some(o) = owned.get(&c.source) else {
                     return Err(TransportError::NotOwner(c.source.clone()));
@@ -41,21 +43,29 @@ impl MemberSources for Shared {
                     tracing::debug!(source = %c.source, "not acknowledging a commit of an earlier channel");
                     continue;
                 }
-                // Tags start at 1 on each channel: `next` 1 (or 0) means nothing is finished, and a
-                // multiple-ack of tag 0 would acknowledge every delivery of the channel.
-                let tag = c.watermark().unwrap_or(0).min(o.delivered.load(Relaxed));
-                if tag == 0 || tag <= o.acked {
+                // Tags start at 1 on each channel: `next` 1 (or 0) means nothing is finished.
+                let watermark = c.watermark().unwrap_or(0).min(o.delivered.load(Relaxed));
+                let acks = o.acks.plan(watermark, &c.finished_above);
+                if acks.is_empty() {
                     continue;
                 }
-                (o.channel.clone(), tag)
+                (o.channel.clone(), acks)
             };
-            channel
-                .basic_ack(tag, BasicAckOptions { multiple: true })
-                .await
-                .map_err(|e| broker(&format!("acknowledging {}", c.source), e))?;
+            if let Some(tag) = acks.multiple {
+                channel
+                    .basic_ack(tag, BasicAckOptions { multiple: true })
+                    .await
+                    .map_err(|e| broker(&format!("acknowledging {}", c.source), e))?;
+            }
+            for &tag in &acks.single {
+                channel
+                    .basic_ack(tag, BasicAckOptions { multiple: false })
+                    .await
+                    .map_err(|e| broker(&format!("acknowledging {}", c.source), e))?;
+            }
             if let Some(o) = self.owned().get_mut(&c.source) {
                 if o.channel.id() == channel.id() {
-                    o.acked = o.acked.max(tag);
+                    o.acks.done(&acks);
                 }
             }
         }

@@ -225,7 +225,7 @@ impl GroupLocks for Locks {
             Owned {
                 channel: opened.channel,
                 token,
-                acked: 0,
+                acks: Default::default(),
                 delivered: delivered.clone(),
                 paused: paused_tx,
                 queue: opened.queue,

@@ -5,7 +5,7 @@
 //! shares, handovers with the engine's drain and commit in between) and rejoins after a lost
 //! connection; `lease` is the connection's lease, the fence of every assignment; `partition` reads one owned
 //! partition queue on its own channel and hands batches to the engine; `control` says what a
-//! commit (`basic.ack(W, multiple)` on that channel) and the lag are, for convoy-core's
+//! commit (`basic.ack(W, multiple)` on that channel, and each finished message above W on its own) and the lag are, for convoy-core's
 //! `MemberControl`, which pauses, resumes and closes.
 //!
 //! A source's offset is the delivery tag, which restarts with every channel: each time a
@@ -13,6 +13,7 @@
 //! unacknowledged on a channel, which is exactly the watermark window; pausing stops reading
 //! the channel (never a cancel: under single active consumer a cancel hands the queue over).
 
+mod acks;
 mod control;
 mod lease;
 mod member;
@@ -42,8 +43,8 @@ struct Owned {
     /// a commit computed for an earlier channel of the partition is never acknowledged on this
     /// one (delivery tags restart with every channel).
     token: u64,
-    /// The highest tag acknowledged on this channel (0: none).
-    acked: u64,
+    /// What this channel acknowledged.
+    acks: acks::Acked,
     /// The highest tag delivered to the engine.
     delivered: Arc<AtomicU64>,
     paused: watch::Sender<bool>,

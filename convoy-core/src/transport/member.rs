@@ -88,6 +88,13 @@ impl<S: MemberSources> SourceControl for MemberControl<S> {
         self.0.credit()
     }
 
+    /// Every self-balancing broker keeps what is finished above a watermark (RabbitMQ
+    /// acknowledges it message by message, NATS stores it with the watermark), so a handover
+    /// or a stop that leaves a gap does not hand finished messages to the next owner.
+    fn wants_finished_above(&self) -> bool {
+        true
+    }
+
     async fn close(&self) -> Result<(), TransportError> {
         self.0.departure().ask();
         self.0.departure().wait_left().await;

@@ -17,7 +17,7 @@ use rdkafka::{ClientContext, Offset as KafkaOffset, TopicPartitionList};
 
 use super::{KafkaConsumer, PartitionQueue, Shared, Tp, BROKER_TIMEOUT};
 use crate::convert::source_id;
-use crate::offset_map;
+use convoy_core::offset_map;
 
 /// The librdkafka context: runs convoy's side of every rebalance.
 pub struct ConvoyContext {

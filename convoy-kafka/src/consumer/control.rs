@@ -17,7 +17,8 @@ use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 
 use super::{KafkaConsumer, Shared, Tp};
 use crate::convert::topic_partition;
-use crate::{fatal, offset_map};
+use crate::fatal;
+use convoy_core::offset_map;
 
 pub(super) struct KafkaControl {
     consumer: Mutex<Option<Arc<KafkaConsumer>>>,

@@ -235,7 +235,7 @@ pub fn committed_with_map(
         .filter_map(|e| match e.offset() {
             KafkaOffset::Offset(next) if next >= 0 => {
                 let watermark = (next > 0).then(|| (next - 1) as Offset);
-                let above = convoy_kafka::offset_map::decode(next as Offset, e.metadata());
+                let above = convoy_core::offset_map::decode(next as Offset, e.metadata());
                 Some((source_id(e.topic(), e.partition()), (watermark, above)))
             }
             _ => None,

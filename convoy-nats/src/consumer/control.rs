@@ -56,6 +56,7 @@ impl MemberSources for Shared {
                 watermark: Some(watermark),
                 writer: Some(self.member),
                 stream_created: Some(stream_created),
+                finished_above: c.finished_above.clone(),
             }
             .encode();
             match self.write_watermark(&c.source, &key, value, revision).await {

@@ -216,7 +216,7 @@ impl Locks {
             .clone();
         let stream_created = info.created.unix_timestamp_nanos();
         let mut attempts = 0;
-        let (committed, revision) = loop {
+        let (committed, finished_above, revision) = loop {
             attempts += 1;
             let entry = store
                 .entry(key.as_str())
@@ -229,12 +229,22 @@ impl Locks {
                 Some(e) => (WatermarkEntry::default(), Some(e.revision)), // a tombstone: compare against it
                 None => (WatermarkEntry::default(), None),
             };
-            let committed =
-                checked_against_stream(topic, p, stored, stream_created, info.state.last_sequence);
+            let last_sequence = info.state.last_sequence;
+            let committed = checked_against_stream(topic, p, &stored, stream_created, last_sequence);
+            // What was finished above a watermark that fits is skipped; the claim keeps it.
+            let finished_above: Vec<Offset> = match committed {
+                Some(_) => stored
+                    .finished_above
+                    .into_iter()
+                    .filter(|&o| o <= last_sequence)
+                    .collect(),
+                None => Vec::new(),
+            };
             let value = WatermarkEntry {
                 watermark: committed,
                 writer: Some(self.me),
                 stream_created: Some(stream_created),
+                finished_above: finished_above.clone(),
             }
             .encode();
             let claimed = match revision {
@@ -252,7 +262,7 @@ impl Locks {
                 }),
             };
             match claimed {
-                Ok(revision) => break (committed, revision),
+                Ok(revision) => break (committed, finished_above, revision),
                 // A former owner committed in between: read again.
                 Err((true, _)) if attempts < 5 => continue,
                 Err((_, e)) => return Err(e),
@@ -260,6 +270,7 @@ impl Locks {
         };
         Ok(Start {
             committed,
+            finished_above,
             watermark_key: key,
             watermark_revision: revision,
             stream_created,
@@ -320,7 +331,8 @@ impl GroupLocks for Locks {
                 subject: subject.clone(),
             },
         );
-        let assignment = Assignment::new(source.clone(), start.committed).with_lease(lease.clone());
+        let mut assignment = Assignment::new(source.clone(), start.committed).with_lease(lease.clone());
+        assignment.finished_above = start.finished_above;
         let _ = self
             .shared
             .events
@@ -385,6 +397,7 @@ impl GroupLocks for Locks {
 /// Where a partition's reading starts.
 pub(super) struct Start {
     committed: Option<Offset>,
+    finished_above: Vec<Offset>,
     watermark_key: String,
     watermark_revision: u64,
     stream_created: i128,
@@ -399,7 +412,7 @@ pub(super) struct Start {
 fn checked_against_stream(
     topic: &str,
     p: u32,
-    stored: WatermarkEntry,
+    stored: &WatermarkEntry,
     stream_created: i128,
     last_sequence: u64,
 ) -> Option<Offset> {

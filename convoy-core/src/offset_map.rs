@@ -1,6 +1,6 @@
-//! The offset map: finished offsets above the committed watermark, carried in the commit's
-//! metadata (the Parallel Consumer idea), so a restart or a new owner skips work already done
-//! instead of handling it again.
+//! The offset map: finished offsets above the committed watermark, stored beside it (the
+//! Parallel Consumer idea) — in Kafka's commit metadata, in a NATS watermark entry — so a
+//! restart or a new owner skips work already done instead of handling it again.
 //!
 //! Format: `cv2:<base>:<form>:<body>:<check>`. `base` is the committed offset the map is
 //! relative to (`W + 1`), so a map that no longer matches its offset — the group was rewound by
@@ -11,9 +11,9 @@
 //! metadata limit, only the watermark is committed (losing nothing: the offsets are simply
 //! handled again).
 
+use crate::message::Offset;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
 use base64::Engine as _;
-use convoy_core::Offset;
 
 /// Kafka's default `offset.metadata.max.bytes`.
 pub const DEFAULT_MAX_METADATA: usize = 4096;
@@ -49,8 +49,8 @@ fn checksum(text: &str) -> u32 {
         .fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
-/// Encodes `finished` (ascending, all ≥ `next`, the committed position `W + 1`) into commit
-/// metadata of at most `max_len` bytes; `None` when nothing is finished above or it is too big.
+/// Encodes `finished` (ascending, all ≥ `next`, the committed position `W + 1`) into text of
+/// at most `max_len` bytes (no `@`, so it can follow other fields separated by one); `None` when nothing is finished above or it is too big.
 pub fn encode(next: Offset, finished: &[Offset], max_len: usize) -> Option<String> {
     let deltas: Vec<u64> = finished
         .iter()
