@@ -22,7 +22,7 @@ async fn pika_messages_are_consumed_in_per_key_order() {
         return;
     };
     let bed = common::AmqpBed::new(&uri, PARTITIONS).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/interop/pika_produce.py");
+    let script = &convoy_testkit::support::repo_file("scripts/interop/pika_produce.py");
     let (partitions, keys, per_key) = (PARTITIONS.to_string(), KEYS.to_string(), PER_KEY.to_string());
     let printed =
         interop::run_producer(&python, script, &[&uri, &bed.topic, &partitions, &keys, &per_key]).await;

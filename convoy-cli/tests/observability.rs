@@ -29,7 +29,7 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 }
 
 fn deploy(path: &str) -> String {
-    let full = format!("{}/../deploy/{path}", env!("CARGO_MANIFEST_DIR"));
+    let full = convoy_testkit::support::repo_file(&format!("deploy/{path}"));
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{full}: {e}"))
 }
 

@@ -23,10 +23,7 @@ async fn kafka_python_messages_are_consumed_in_per_key_order() {
         return;
     };
     let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, common::Protocol::Cooperative).await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../scripts/interop/kafka_python_produce.py"
-    );
+    let script = &convoy_testkit::support::repo_file("scripts/interop/kafka_python_produce.py");
     let (keys, per_key) = (KEYS.to_string(), PER_KEY.to_string());
     // kafka-python picks the partition itself (Java's murmur2): where each key landed is checked
     // on the consuming side.

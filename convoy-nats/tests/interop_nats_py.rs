@@ -23,7 +23,7 @@ async fn nats_py_messages_are_consumed_in_per_key_order() {
         return;
     };
     let bed = common::NatsBed::new(&server, PARTITIONS).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/interop/nats_produce.py");
+    let script = &convoy_testkit::support::repo_file("scripts/interop/nats_produce.py");
     let uri = format!("nats://{server}");
     let (partitions, keys, per_key) = (PARTITIONS.to_string(), KEYS.to_string(), PER_KEY.to_string());
     let printed =

@@ -9,6 +9,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// A file of the repository, by its path from the repository's root (`scripts/interop/x.py`).
+///
+/// Found from the `CARGO_MANIFEST_DIR` cargo sets when it runs a test (the tested crate's
+/// directory, one below the root), not the one compiled in: a build cache shared by two
+/// checkouts (CI's clone and a developer's tree) keeps binaries compiled in the other one, and
+/// a compiled-in path then names a file of the other checkout, or none.
+pub fn repo_file(path: &str) -> String {
+    let crate_dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    format!("{crate_dir}/../{path}")
+}
+
 /// Logs to the test output when `RUST_LOG` is set (once per process; later calls do nothing).
 pub fn init_tracing() {
     if std::env::var("RUST_LOG").is_ok() {

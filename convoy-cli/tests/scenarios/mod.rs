@@ -47,7 +47,7 @@ pub fn python() -> Option<String> {
 
 /// The path of a script in `scripts/interop/`.
 pub fn interop_script(name: &str) -> String {
-    format!("{}/../scripts/interop/{name}", env!("CARGO_MANIFEST_DIR"))
+    convoy_testkit::support::repo_file(&format!("scripts/interop/{name}"))
 }
 
 pub fn convoy(args: &[&str]) -> Output {
