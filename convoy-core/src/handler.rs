@@ -308,6 +308,16 @@ where
     }
 }
 
+/// What a caught panic said, for logs and dead-letter reasons.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "handler panicked".to_owned());
+    format!("handler panicked: {text}")
+}
+
 #[cfg(test)]
 mod error_tests {
     use super::*;

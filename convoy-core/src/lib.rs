@@ -12,6 +12,7 @@
 //! - [`balance`]: fair shares of partitions for transports whose members balance themselves;
 //! - [`engine`]: intake → shards → lanes → handler, with completions feeding the watermark;
 //! - [`handler`] and [`typed`](mod@typed): the handler contract and the serde-decoding layer;
+//! - [`batch`]: batch handlers, one call for the heads of many keys;
 //! - [`retry`]: backoff, jitter and limits for in-lane retry;
 //! - [`dead_letter`]: sinks and the reason headers;
 //! - [`watermark`]: the contiguous watermark per source;
@@ -24,6 +25,7 @@
 
 pub mod backpressure;
 pub mod balance;
+pub mod batch;
 pub mod config;
 pub mod dead_letter;
 pub mod engine;
@@ -39,6 +41,7 @@ pub mod transport;
 pub mod typed;
 pub mod watermark;
 
+pub use batch::{batch_fn, batched, BatchConfig, BatchHandler, BatchResults, Batched};
 pub use config::{BackPressure, ConfigError, Drain, EngineConfig, KeylessPolicy};
 pub use dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 pub use engine::{

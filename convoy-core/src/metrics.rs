@@ -42,6 +42,9 @@ pub const COMMIT_FAILURES: &str = "convoy_commit_failures_total";
 /// Operational failures: a source's lowest unfinished message exceeded the stuck timeout.
 pub const STUCK: &str = "convoy_stuck_total";
 
+/// Messages per call of a batch handler (`batch::batched`).
+pub const BATCH_MESSAGES: &str = "convoy_batch_messages";
+
 /// Gives every metric its help text and unit (once per process): exporters print them
 /// (Prometheus's `# HELP`). Called when an engine registers its handles.
 pub fn describe() {
@@ -82,6 +85,7 @@ pub fn describe() {
             Unit::Count,
             "Sources assigned, revoked (handed over after a drain) or lost (taken without one), by change: rebalances."
         );
+        describe_histogram!(BATCH_MESSAGES, Unit::Count, "Messages per call of a batch handler.");
         describe_counter!(COMMIT_FAILURES, Unit::Count, "Commits the broker refused or did not confirm in time (retried).");
         describe_counter!(
             STUCK,

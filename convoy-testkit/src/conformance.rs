@@ -16,9 +16,9 @@ use convoy_core::dead_letter::{
     DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
 use convoy_core::{
-    typed, Commit, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError,
-    Message, Offset, OutgoingMessage, Publisher, Receipt, SourceEvent, SourceId, Subscription, Transport,
-    TransportError,
+    batched, typed, BatchConfig, BatchHandler, BatchResults, Commit, DeadLetterSink, Delivery, Engine,
+    EngineConfig, EngineHandle, Handler, HandlerError, Message, Offset, OutgoingMessage, Publisher, Receipt,
+    SourceEvent, SourceId, Subscription, Transport, TransportError,
 };
 
 use crate::checker::{CheckReport, OrderChecker};
@@ -133,6 +133,7 @@ macro_rules! conformance_tests {
             malformed_payload_dead_letters,
             duplicate_delivery_skipped,
             hot_key_does_not_stall_others,
+            batch_handler_keeps_order_and_results_per_message,
             poison_input_dead_letters_with_reasons,
             newest_offsets_cover_what_was_received,
         );
@@ -984,6 +985,116 @@ pub async fn hot_key_does_not_stall_others(target: &dyn ConformanceTarget) {
     wait_complete(&checker, "hot key").await;
     stop(consumer).await;
     assert_clean(&checker.report(), "hot key");
+}
+
+/// What a batch handler saw: its calls' sizes and any batch holding two messages of one key.
+#[derive(Default)]
+struct BatchLog {
+    sizes: std::sync::Mutex<Vec<usize>>,
+    repeated_keys: std::sync::atomic::AtomicU64,
+}
+
+/// A batch handler running the probe handler on each message of a batch (together: they are of
+/// different keys), each message keeping its own result.
+struct BatchProbe {
+    probe: Arc<ProbeHandler>,
+    log: Arc<BatchLog>,
+}
+
+#[async_trait]
+impl BatchHandler for BatchProbe {
+    async fn handle_batch(&self, batch: Vec<Delivery>) -> Result<BatchResults, HandlerError> {
+        let keys: HashSet<Option<Bytes>> = batch.iter().map(|d| d.key().cloned()).collect();
+        if keys.len() < batch.len() {
+            self.log
+                .repeated_keys
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.log
+            .sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(batch.len());
+        let calls = batch.into_iter().map(|d| self.probe.handle(d));
+        Ok(futures_util::future::join_all(calls).await)
+    }
+}
+
+/// A batch handler: each call gathers the heads of many keys and never two messages of one key;
+/// each message keeps its own result — transient failures retried in their lane without
+/// overtaking, terminal ones dead-lettered while their key goes on, the rest finished once.
+pub async fn batch_handler_keeps_order_and_results_per_message(target: &dyn ConformanceTarget) {
+    let bed = bed(target, 3).await;
+    let checker = Arc::new(OrderChecker::new());
+    let poison: HashSet<(Bytes, u64)> = [(probe_key("b", 2), 4), (probe_key("b", 9), 0)].into();
+    let plan = FaultPlan {
+        seed: 23,
+        transient_rate: 0.2,
+        transient_attempts: 1,
+        terminal_on: poison.clone(),
+        ..FaultPlan::default()
+    };
+    let receipts = load(bed.as_ref(), &checker, "b", 20, 25).await;
+    let failing = (0..25u64)
+        .flat_map(|seq| (0..20).map(move |k| (probe_key("b", k), seq)))
+        .filter(|(k, s)| !poison.contains(&(k.clone(), *s)) && plan.fails_transiently(k, *s))
+        .count() as u64;
+    assert!(failing > 50, "the plan must fail a fair share: {failing}");
+    let probe = Arc::new(ProbeHandler::with_faults(checker.clone(), plan).counting_calls());
+    let log = Arc::new(BatchLog::default());
+    let handler = match batched(
+        BatchProbe {
+            probe: probe.clone(),
+            log: log.clone(),
+        },
+        BatchConfig::new(16, Duration::from_millis(50)),
+    ) {
+        Ok(h) => h,
+        Err(e) => panic!("batch config rejected: {e}"),
+    };
+    let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
+    let consumer = start(
+        sink,
+        handler,
+        test_config(bed.group()),
+        subscribe(bed.as_ref()).await,
+    );
+    wait_complete(&checker, "batch handler").await;
+    let report = stop(consumer).await;
+    let check = checker.report();
+    assert_clean(&check, "batch handler");
+    assert_eq!(check.dead_lettered, 2, "{check:#?}");
+    assert_eq!(check.handled, receipts.len() as u64 - 2);
+    assert_eq!(report.stats.retries, failing, "one retry per failing message");
+    for (key, seq) in &poison {
+        assert_eq!(probe.calls_for(key, *seq), 1, "terminal errors are not retried");
+    }
+    let sizes = log.sizes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(
+        sizes.iter().sum::<usize>() as u64,
+        probe.calls(),
+        "every attempt went through a batch"
+    );
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    assert!(
+        (2..=16).contains(&largest),
+        "batches gather several keys, at most 16: largest {largest} of {} calls",
+        sizes.len()
+    );
+    assert_eq!(
+        log.repeated_keys.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "no batch holds two messages of one key"
+    );
+    let dead = match bed.dead_letters(2).await {
+        Ok(d) => d,
+        Err(e) => panic!("reading dead letters failed: {e}"),
+    };
+    assert_eq!(dead.len(), 2, "exactly the poison messages: {dead:?}");
+    for m in &dead {
+        assert_eq!(header(m, DL_CAUSE), "terminal");
+        assert!(header(m, DL_ERROR).contains("injected terminal failure"));
+    }
 }
 
 /// Poison input — a message without a key where keys are required, an oversized payload, an

@@ -96,15 +96,6 @@ impl From<HandlerError> for Failure {
     }
 }
 
-fn panic_text(payload: &(dyn Any + Send)) -> String {
-    let text = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "handler panicked".to_owned());
-    format!("handler panicked: {text}")
-}
-
 /// What the lane futures of one shard share: the engine's lane context, the shard's counters
 /// and the engine's call slots. One per shard, cloned for each message, so the count touched
 /// per message is that shard's alone (one `Arc` shared by every shard bounced between cores
@@ -573,7 +564,7 @@ async fn attempt_once(ctx: &LaneContext, delivery: Delivery) -> Result<(), Failu
 fn panicked(panic: Box<dyn Any + Send>) -> Failure {
     Failure {
         class: "panic",
-        text: panic_text(panic.as_ref()),
+        text: crate::handler::panic_text(panic.as_ref()),
         retryable: false,
         cause: DeadLetterCause::Panic,
         retry_after: None,
