@@ -9,11 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use convoy_core::transport::{Departure, MemberSources};
 use convoy_core::{Commit, Offset, SourceId, TransportError};
-use lapin::options::BasicAckOptions;
 use tokio::sync::watch;
 
-use super::Shared;
-use crate::error::broker;
+use super::{acks, Shared};
 use crate::topology;
 
 #[async_trait]
@@ -26,15 +24,14 @@ impl MemberSources for Shared {
         &self.departure
     }
 
-    /// `basic.ack(next - 1, multiple)` on each source's channel, and `basic.ack(tag)` for each
-    /// message finished above it, so a stop or a handover that leaves a gap does not send
-    /// finished messages to the next owner. A tag acknowledged twice makes the broker close the
-    /// channel: a multiple-ack goes only forward and ends on a tag not acknowledged on its own.
+    /// `basic.ack(next - 1, multiple)` on each source's channel. The messages finished above it
+    /// are acknowledged one by one when the channel is released (see `acks.rs`), so a stop or a
+    /// handover that leaves a gap does not send them to the next owner.
     async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {
         for c in commits {
             let (channel, acks) = {
-                let owned = self.owned();
-                let Some(o) = owned.get(&c.source) else {
+                let mut owned = self.owned();
+                let Some(o) = owned.get_mut(&c.source) else {
                     return Err(TransportError::NotOwner(c.source.clone()));
                 };
                 if o.token != c.token {
@@ -43,26 +40,16 @@ impl MemberSources for Shared {
                     tracing::debug!(source = %c.source, "not acknowledging a commit of an earlier channel");
                     continue;
                 }
+                o.acks.keep_above(&c.finished_above);
                 // Tags start at 1 on each channel: `next` 1 (or 0) means nothing is finished.
                 let watermark = c.watermark().unwrap_or(0).min(o.delivered.load(Relaxed));
-                let acks = o.acks.plan(watermark, &c.finished_above);
+                let acks = o.acks.plan(watermark, &[]);
                 if acks.is_empty() {
                     continue;
                 }
                 (o.channel.clone(), acks)
             };
-            if let Some(tag) = acks.multiple {
-                channel
-                    .basic_ack(tag, BasicAckOptions { multiple: true })
-                    .await
-                    .map_err(|e| broker(&format!("acknowledging {}", c.source), e))?;
-            }
-            for &tag in &acks.single {
-                channel
-                    .basic_ack(tag, BasicAckOptions { multiple: false })
-                    .await
-                    .map_err(|e| broker(&format!("acknowledging {}", c.source), e))?;
-            }
+            acks::send(&channel, &acks, c.source.as_str()).await?;
             if let Some(o) = self.owned().get_mut(&c.source) {
                 if o.channel.id() == channel.id() {
                     o.acks.done(&acks);

@@ -41,7 +41,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::lease::ConnectionLease;
 use super::partition::{Ended, PartitionParts, PartitionTask};
-use super::{Owned, Shared};
+use super::{acks, Owned, Shared};
 use crate::connect::connect;
 use crate::error::{answered, broker};
 use crate::topology;
@@ -268,6 +268,7 @@ impl GroupLocks for Locks {
         }
         let owned = self.shared.owned().remove(source);
         if let Some(owned) = owned.filter(|o| o.channel.status().connected()) {
+            acknowledge_finished_above(source, &owned).await;
             match answered(
                 "closing a partition channel",
                 owned.channel.close(200, "handed over".into()),
@@ -315,8 +316,25 @@ impl GroupLocks for Locks {
     }
 
     async fn leave(&mut self) {
+        let owned: Vec<(SourceId, Owned)> = self.shared.owned().drain().collect();
+        for (source, owned) in &owned {
+            acknowledge_finished_above(source, owned).await;
+        }
         crate::connect::close(&self.connection, "leaving").await;
         tracing::info!(group = %self.shared.config.group, "left the group");
+    }
+}
+
+/// Before a partition's channel closes: acknowledges the messages its last commit found
+/// finished above the watermark (a bounded number: `acks.rs`), so the next owner does not get
+/// them again. A failure only costs redelivery.
+async fn acknowledge_finished_above(source: &SourceId, owned: &Owned) {
+    let plan = owned.acks.release_plan();
+    if plan.is_empty() {
+        return;
+    }
+    if let Err(e) = acks::send(&owned.channel, &plan, source.as_str()).await {
+        tracing::debug!(%source, error = %e, "acknowledging finished messages before the handover failed; they are redelivered");
     }
 }
 
