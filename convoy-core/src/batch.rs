@@ -1,21 +1,25 @@
-//! Batch handlers: one call for the messages of many keys, for bulk writes.
+//! Batch handlers: one call for many messages, for bulk writes.
 //!
-//! [`batched`] turns a [`BatchHandler`] into a [`Handler`]. Lanes call it as they call any
-//! handler, each with its key's head; the calls that arrive close together are gathered — up to
-//! [`BatchConfig::max_messages`] messages or [`BatchConfig::max_bytes`] of payload, for at most
-//! [`BatchConfig::max_wait`] after the first — and handed over in one call.
+//! [`Engine::batch_builder`](crate::Engine::batch_builder) runs a [`BatchHandler`]. Each lane
+//! hands over a *run*: its key's head and the messages of the key queued behind it, up to
+//! [`BatchConfig::per_key`] (and the batch's byte bound), consecutive and in order. The runs of
+//! lanes that call within [`BatchConfig::max_wait`] of the first are gathered — up to
+//! [`BatchConfig::max_messages`] messages or [`BatchConfig::max_bytes`] of payload — into one
+//! call, each run kept whole. A run is what is queued when its lane starts: under load a key's
+//! backlog goes in few calls; an idle key's message does not wait for later ones of its key.
 //!
-//! What a batch holds follows from the lanes: the engine starts a key's next message only once
-//! its head finished, so a batch has at most one message per key, and never one whose key has
-//! an earlier unfinished message. Each message gets its own result, and everything else stays
-//! per message: a transient failure is retried in its lane (it joins a later batch), a terminal
-//! one is dead-lettered with its reason and its key goes on, the watermark, the retry budget and
-//! the duplicate check count messages, not batches.
+//! Every message gets its own result, and everything else stays per message: the watermark,
+//! the retry budget, the duplicate check. Within a key's run, the first failure decides: the
+//! messages before it are finished; a transient failure at index i retries the key from i (in
+//! its lane, with backoff; the results after i are not taken, as the messages after it must not
+//! count as done before it — a handler should stop applying a key's messages at its first
+//! failure); a terminal failure dead-letters that message with its reason and the key goes on.
+//! A batch holds no message whose key has an earlier unfinished message outside it.
 //!
-//! A batch call is given up as soon as one of its messages is cancelled by the engine (its
-//! source revoked or lost, a stop, the stuck timeout, an attempt timeout): a cancelled
-//! message's handling must end with its cancel, and one call cannot drop one message half way.
-//! The batch's other messages then fail transiently and are retried in their lanes.
+//! A batch call is given up as soon as one of its runs is cancelled by the engine (its source
+//! revoked or lost, a stop, the stuck timeout, an attempt timeout): a cancelled message's
+//! handling must end with its cancel, and one call cannot drop one message half way. The
+//! batch's other messages then fail transiently and are retried in their lanes.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -83,6 +87,9 @@ pub struct BatchConfig {
     /// How long the first message of a batch waits for others (default 5 ms). A batch that
     /// fills sooner goes at once.
     pub max_wait: Duration,
+    /// The most consecutive messages of one key in a batch (default 100); 1 for one message
+    /// per key. At most `max_messages`.
+    pub per_key: usize,
 }
 
 impl Default for BatchConfig {
@@ -91,18 +98,27 @@ impl Default for BatchConfig {
             max_messages: 100,
             max_bytes: 1 << 20,
             max_wait: Duration::from_millis(5),
+            per_key: 100,
         }
     }
 }
 
 impl BatchConfig {
-    /// Batches of at most `max_messages`, waiting at most `max_wait` for them to fill.
+    /// Batches of at most `max_messages`, waiting at most `max_wait` for them to fill; a key
+    /// may fill a batch on its own.
     pub fn new(max_messages: usize, max_wait: Duration) -> Self {
         BatchConfig {
             max_messages,
             max_wait,
+            per_key: max_messages,
             ..BatchConfig::default()
         }
+    }
+
+    /// The same, with at most `per_key` consecutive messages of one key per batch.
+    pub fn per_key(mut self, per_key: usize) -> Self {
+        self.per_key = per_key;
+        self
     }
 
     /// The same, with at most `max_bytes` of payload per batch.
@@ -119,29 +135,21 @@ impl BatchConfig {
         if self.max_bytes == 0 {
             return Err(ConfigError::invalid("batch.max_bytes", "must be at least 1"));
         }
+        if self.per_key == 0 || self.per_key > self.max_messages {
+            return Err(ConfigError::invalid(
+                "batch.per_key",
+                format!("must be between 1 and max_messages ({})", self.max_messages),
+            ));
+        }
         Ok(())
     }
 }
 
-/// Makes `handler` a [`Handler`] that the engine calls once per message and that calls
-/// `handler` once per gathered batch. Fails if `config` is invalid, naming the field.
-///
-/// Batches fill only with messages in flight at once: the engine's `max_in_flight`, if set,
-/// should be at least `max_messages`.
-pub fn batched<B: BatchHandler>(handler: B, config: BatchConfig) -> Result<Batched<B>, ConfigError> {
-    config.validate()?;
-    crate::metrics::describe();
-    Ok(Batched {
-        handler,
-        config,
-        open: Mutex::new(None),
-        sizes: metrics::histogram!(crate::metrics::BATCH_MESSAGES),
-    })
-}
-
-/// A [`BatchHandler`] as a [`Handler`]; made by [`batched`].
-pub struct Batched<B> {
-    handler: B,
+/// Gathers the calls of many lanes into batch calls. The engine makes one for
+/// [`Engine::batch_builder`](crate::Engine::batch_builder): lanes of single messages call it as
+/// their [`Handler`], lanes of a key's runs through [`Batched::call`].
+pub(crate) struct Batched {
+    handler: Arc<dyn BatchHandler>,
     config: BatchConfig,
     /// The batch gathering now, if any.
     open: Mutex<Option<Arc<Gathering>>>,
@@ -150,19 +158,24 @@ pub struct Batched<B> {
 }
 
 /// A batch being gathered. Its first caller leads it: waits for it to fill, calls the batch
-/// handler and hands every other caller its result.
+/// handler and hands every other caller its results.
 struct Gathering {
     state: Mutex<Gathered>,
     /// Tells the leader the batch is full.
     full: Notify,
 }
 
+/// Where a caller other than the leader waits for the results of its messages.
+type Reply = oneshot::Sender<BatchResults>;
+
 #[derive(Default)]
 struct Gathered {
-    /// The leader's message first, then the others'.
+    /// The leader's messages first, then each other caller's, each caller's together.
     deliveries: Vec<Delivery>,
-    /// Where each other caller waits for its result (`replies[i]` is `deliveries[i + 1]`'s).
-    replies: Vec<oneshot::Sender<Result<(), HandlerError>>>,
+    /// How many messages the leader brought.
+    leader: usize,
+    /// Each other caller's reply and how many messages it brought, in `deliveries`' order.
+    replies: Vec<(Reply, usize)>,
     bytes: usize,
 }
 
@@ -178,19 +191,64 @@ enum Joined {
         gathering: Arc<Gathering>,
         open: bool,
     },
-    Waits(oneshot::Receiver<Result<(), HandlerError>>),
+    Waits(oneshot::Receiver<BatchResults>),
 }
 
-impl<B: BatchHandler> Batched<B> {
-    fn join(&self, delivery: Delivery) -> Joined {
-        let size = delivery.payload().len();
+fn bytes_of(deliveries: &[Delivery]) -> usize {
+    deliveries.iter().map(|d| d.payload().len()).sum()
+}
+
+/// `count` copies of `error`, one per message.
+fn failed(error: HandlerError, count: usize) -> BatchResults {
+    vec![Err(error); count]
+}
+
+impl Batched {
+    /// Checks `config` (naming a wrong field) and gathers for `handler`.
+    pub(crate) fn new(handler: Arc<dyn BatchHandler>, config: BatchConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        crate::metrics::describe();
+        Ok(Batched {
+            handler,
+            config,
+            open: Mutex::new(None),
+            sizes: metrics::histogram!(crate::metrics::BATCH_MESSAGES),
+        })
+    }
+
+    /// How batches are gathered.
+    pub(crate) fn config(&self) -> &BatchConfig {
+        &self.config
+    }
+
+    /// Handles `deliveries` (consecutive messages of one key, or one message) in a batch with
+    /// other callers': one result per delivery, in order.
+    pub(crate) async fn call(&self, deliveries: Vec<Delivery>) -> BatchResults {
+        let count = deliveries.len();
+        match self.join(deliveries) {
+            Joined::Leads { gathering, open } => self.lead(gathering, open).await,
+            Joined::Waits(results) => results.await.unwrap_or_else(|_| {
+                failed(
+                    HandlerError::transient(
+                        "its batch was given up with the messages that led it (cancelled: revoked, stopped or stuck)",
+                    ),
+                    count,
+                )
+            }),
+        }
+    }
+
+    fn join(&self, deliveries: Vec<Delivery>) -> Joined {
+        let (size, count) = (bytes_of(&deliveries), deliveries.len());
         let mut open = lock(&self.open);
         if let Some(gathering) = open.as_ref() {
             let mut state = lock(&gathering.state);
-            if state.bytes + size <= self.config.max_bytes {
-                let (reply, result) = oneshot::channel();
-                state.deliveries.push(delivery);
-                state.replies.push(reply);
+            let fits = state.deliveries.len() + count <= self.config.max_messages
+                && state.bytes + size <= self.config.max_bytes;
+            if fits {
+                let (reply, results) = oneshot::channel();
+                state.deliveries.extend(deliveries);
+                state.replies.push((reply, count));
                 state.bytes += size;
                 if state.deliveries.len() >= self.config.max_messages || state.bytes >= self.config.max_bytes
                 {
@@ -199,9 +257,9 @@ impl<B: BatchHandler> Batched<B> {
                         full.full.notify_one();
                     }
                 }
-                return Joined::Waits(result);
+                return Joined::Waits(results);
             }
-            // Too big to join: the open batch goes as it is, this message leads the next.
+            // Too many or too big to join: the open batch goes as it is, these lead the next.
             drop(state);
             if let Some(full) = open.take() {
                 full.full.notify_one();
@@ -209,13 +267,14 @@ impl<B: BatchHandler> Batched<B> {
         }
         let gathering = Arc::new(Gathering {
             state: Mutex::new(Gathered {
-                deliveries: vec![delivery],
+                deliveries,
+                leader: count,
                 bytes: size,
-                ..Gathered::default()
+                replies: Vec::new(),
             }),
             full: Notify::new(),
         });
-        let room = self.config.max_messages > 1 && size < self.config.max_bytes;
+        let room = count < self.config.max_messages && size < self.config.max_bytes;
         if room {
             *open = Some(gathering.clone());
         }
@@ -226,7 +285,7 @@ impl<B: BatchHandler> Batched<B> {
     }
 
     /// Leads `gathering`: waits for it to fill (or `max_wait`) if it is `open`, then runs it.
-    async fn lead(&self, gathering: Arc<Gathering>, open: bool) -> Result<(), HandlerError> {
+    async fn lead(&self, gathering: Arc<Gathering>, open: bool) -> BatchResults {
         let mut guard = Leading {
             batched: self,
             gathering: Some(gathering.clone()),
@@ -240,73 +299,77 @@ impl<B: BatchHandler> Batched<B> {
                 () = tokio::time::sleep(self.config.max_wait) => {}
             }
         }
-        let Gathered {
-            deliveries, replies, ..
-        } = guard.seal();
-        self.run(deliveries, replies).await
+        let gathered = guard.seal();
+        self.run(gathered).await
     }
 
-    /// Calls the batch handler and hands out the results; the leader's own is returned.
-    async fn run(
-        &self,
-        deliveries: Vec<Delivery>,
-        replies: Vec<oneshot::Sender<Result<(), HandlerError>>>,
-    ) -> Result<(), HandlerError> {
+    /// Calls the batch handler and hands out the results; the leader's own are returned.
+    async fn run(&self, gathered: Gathered) -> BatchResults {
+        let Gathered {
+            deliveries,
+            leader,
+            replies,
+            ..
+        } = gathered;
         // Callers that left while the batch gathered (cancelled) are not handled.
-        let mut deliveries = deliveries.into_iter();
-        let mut kept = Vec::with_capacity(replies.len() + 1);
-        kept.extend(deliveries.next());
-        let mut replies: Vec<_> = deliveries
-            .zip(replies)
-            .filter(|(_, reply)| !reply.is_closed())
-            .map(|(delivery, reply)| {
-                kept.push(delivery);
-                reply
-            })
-            .collect();
-        let deliveries = kept;
-        let count = deliveries.len();
+        let mut rest = deliveries.into_iter();
+        let mut kept: Vec<Delivery> = rest.by_ref().take(leader).collect();
+        let mut waiting = Vec::with_capacity(replies.len());
+        for (reply, count) in replies {
+            let theirs: Vec<Delivery> = rest.by_ref().take(count).collect();
+            if !reply.is_closed() {
+                kept.extend(theirs);
+                waiting.push((reply, count));
+            }
+        }
+        let count = kept.len();
         self.sizes.record(count as f64);
 
-        let call = AssertUnwindSafe(self.handler.handle_batch(deliveries)).catch_unwind();
+        let call = AssertUnwindSafe(self.handler.handle_batch(kept)).catch_unwind();
+        let mut replies: Vec<Reply> = Vec::with_capacity(waiting.len());
+        let mut counts = Vec::with_capacity(waiting.len());
+        for (reply, n) in waiting {
+            replies.push(reply);
+            counts.push(n);
+        }
         let results: BatchResults = tokio::select! {
             outcome = call => match outcome {
                 Ok(Ok(results)) if results.len() == count => results,
-                Ok(Ok(results)) => {
-                    let error = HandlerError::transient(format!(
+                Ok(Ok(results)) => failed(
+                    HandlerError::transient(format!(
                         "the batch handler returned {} results for {count} messages; it must return one per message, in order",
                         results.len()
-                    ));
-                    vec![Err(error); count]
-                }
-                Ok(Err(error)) => vec![Err(error); count],
+                    )),
+                    count,
+                ),
+                Ok(Err(error)) => failed(error, count),
                 Err(panic) => {
                     let text = crate::handler::panic_text(panic.as_ref());
-                    vec![Err(HandlerError::terminal(format!("batch {text}"))); count]
+                    failed(HandlerError::terminal(format!("batch {text}")), count)
                 }
             },
             () = any_left(&mut replies) => {
                 tracing::debug!(messages = count, "batch call given up: a message of it was cancelled");
-                let error = HandlerError::transient(
-                    "its batch's call was given up because another message of the batch was cancelled (revoked, stopped or stuck)",
-                );
-                vec![Err(error); count]
+                failed(
+                    HandlerError::transient(
+                        "its batch's call was given up because another message of the batch was cancelled (revoked, stopped or stuck)",
+                    ),
+                    count,
+                )
             }
         };
         let mut results = results.into_iter();
-        let own = results
-            .next()
-            .unwrap_or_else(|| Err(HandlerError::transient("empty batch result")));
-        for (reply, result) in replies.into_iter().zip(results) {
+        let own: BatchResults = results.by_ref().take(leader).collect();
+        for (reply, n) in replies.into_iter().zip(counts) {
             // A caller gone meanwhile needs no answer.
-            let _ = reply.send(result);
+            let _ = reply.send(results.by_ref().take(n).collect());
         }
         own
     }
 }
 
 /// Ends when any caller waiting on `replies` is gone; never if there are none.
-async fn any_left(replies: &mut [oneshot::Sender<Result<(), HandlerError>>]) {
+async fn any_left(replies: &mut [Reply]) {
     if replies.is_empty() {
         return std::future::pending().await;
     }
@@ -316,12 +379,12 @@ async fn any_left(replies: &mut [oneshot::Sender<Result<(), HandlerError>>]) {
 /// The leader's hold on its batch. Dropped before sealing (the leader's lane was cancelled while
 /// the batch gathered), it closes the batch: the other callers' replies are dropped, so each
 /// fails transiently and is retried in its lane, instead of waiting for a leader that is gone.
-struct Leading<'a, B> {
-    batched: &'a Batched<B>,
+struct Leading<'a> {
+    batched: &'a Batched,
     gathering: Option<Arc<Gathering>>,
 }
 
-impl<B> Leading<'_, B> {
+impl Leading<'_> {
     /// Takes the batch: nothing joins it any more.
     fn seal(&mut self) -> Gathered {
         let Some(gathering) = self.gathering.take() else {
@@ -336,7 +399,7 @@ impl<B> Leading<'_, B> {
     }
 }
 
-impl<B> Drop for Leading<'_, B> {
+impl Drop for Leading<'_> {
     fn drop(&mut self) {
         if self.gathering.is_some() {
             drop(self.seal());
@@ -345,16 +408,12 @@ impl<B> Drop for Leading<'_, B> {
 }
 
 #[async_trait]
-impl<B: BatchHandler> Handler for Batched<B> {
+impl Handler for Batched {
     async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
-        match self.join(delivery) {
-            Joined::Leads { gathering, open } => self.lead(gathering, open).await,
-            Joined::Waits(result) => result.await.unwrap_or_else(|_| {
-                Err(HandlerError::transient(
-                    "its batch was given up with the message that led it (cancelled: revoked, stopped or stuck)",
-                ))
-            }),
-        }
+        let mut results = self.call(vec![delivery]).await;
+        results
+            .pop()
+            .unwrap_or_else(|| Err(HandlerError::transient("no result for the message")))
     }
 }
 
@@ -415,15 +474,12 @@ mod tests {
         Ok(batch.iter().map(|_| Ok(())).collect())
     }
 
-    fn handler<B: BatchHandler>(b: B, config: BatchConfig) -> Arc<Batched<B>> {
-        Arc::new(batched(b, config).expect("valid config"))
+    fn handler<B: BatchHandler>(b: B, config: BatchConfig) -> Arc<Batched> {
+        Arc::new(Batched::new(Arc::new(b), config).expect("valid config"))
     }
 
     /// Calls `handler` for each of `deliveries` at once (each on its own task, like lanes).
-    async fn call_all<B: BatchHandler>(
-        handler: &Arc<Batched<B>>,
-        deliveries: Vec<Delivery>,
-    ) -> Vec<Result<(), HandlerError>> {
+    async fn call_all(handler: &Arc<Batched>, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
         let tasks: Vec<_> = deliveries
             .into_iter()
             .map(|d| {
@@ -493,6 +549,41 @@ mod tests {
                 vec!["dddddddddddd"],
                 vec!["ee"]
             ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_joins_whole_and_gets_its_results_in_order() {
+        let rec = recorder(|batch: &[Delivery]| {
+            Ok(batch
+                .iter()
+                .map(|d| match d.payload().as_ref() {
+                    b"a2" => Err(HandlerError::transient("busy")),
+                    _ => Ok(()),
+                })
+                .collect())
+        });
+        let h = handler(rec.clone(), BatchConfig::new(5, Duration::from_secs(1)));
+        let run = |key: &str, n: usize| -> Vec<Delivery> {
+            (1..=n).map(|i| delivery(key, &format!("{key}{i}"))).collect()
+        };
+        let (a, b, c) = {
+            let (h1, h2, h3) = (h.clone(), h.clone(), h.clone());
+            let (ra, rb, rc) = (run("a", 3), run("b", 2), run("c", 2));
+            let a = tokio::spawn(async move { h1.call(ra).await });
+            let b = tokio::spawn(async move { h2.call(rb).await });
+            // "c" does not fit in the 5 left by a and b: it leads the next batch.
+            let c = tokio::spawn(async move { h3.call(rc).await });
+            (a, b, c)
+        };
+        let a = a.await.expect("task");
+        assert_eq!(a.len(), 3);
+        assert!(a[0].is_ok() && a[1].is_err() && a[2].is_ok());
+        assert!(b.await.expect("task").iter().all(|r| r.is_ok()));
+        assert!(c.await.expect("task").iter().all(|r| r.is_ok()));
+        assert_eq!(
+            lock(&rec.calls).clone(),
+            vec![vec!["a1", "a2", "a3", "b1", "b2"], vec!["c1", "c2"]]
         );
     }
 
@@ -663,13 +754,22 @@ mod tests {
 
     #[test]
     fn settings_no_batch_can_be_made_with_are_refused_naming_the_field() {
-        let e = batched(recorder(all_ok), BatchConfig::new(0, Duration::ZERO))
-            .err()
-            .expect("refused");
-        assert_eq!(e.field(), "batch.max_messages");
-        let e = batched(recorder(all_ok), BatchConfig::default().max_bytes(0))
-            .err()
-            .expect("refused");
-        assert_eq!(e.field(), "batch.max_bytes");
+        let refused = |config: BatchConfig| {
+            Batched::new(recorder(all_ok), config)
+                .err()
+                .expect("refused")
+                .field()
+                .to_owned()
+        };
+        assert_eq!(refused(BatchConfig::new(0, Duration::ZERO)), "batch.max_messages");
+        assert_eq!(refused(BatchConfig::default().max_bytes(0)), "batch.max_bytes");
+        assert_eq!(
+            refused(BatchConfig::new(10, Duration::ZERO).per_key(11)),
+            "batch.per_key"
+        );
+        assert_eq!(
+            refused(BatchConfig::new(10, Duration::ZERO).per_key(0)),
+            "batch.per_key"
+        );
     }
 }

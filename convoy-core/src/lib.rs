@@ -41,7 +41,7 @@ pub mod transport;
 pub mod typed;
 pub mod watermark;
 
-pub use batch::{batch_fn, batched, BatchConfig, BatchHandler, BatchResults, Batched};
+pub use batch::{batch_fn, BatchConfig, BatchHandler, BatchResults};
 pub use config::{BackPressure, ConfigError, Drain, EngineConfig, KeylessPolicy};
 pub use dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 pub use engine::{

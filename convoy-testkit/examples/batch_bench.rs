@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use clap::Parser;
-use convoy_core::batch::{batched, BatchConfig, BatchHandler, BatchResults};
+use convoy_core::batch::{BatchConfig, BatchHandler, BatchResults};
 use convoy_core::{Delivery, Engine, EngineConfig, Handler, HandlerError};
 use convoy_memory::MemoryBroker;
 use convoy_testkit::checker::OrderChecker;
@@ -45,6 +45,10 @@ struct Args {
     /// The most messages per batch.
     #[arg(long, default_value_t = 100)]
     batch: usize,
+    /// The most consecutive messages of one key in a batch (at most --batch; 1: one message
+    /// per key, batches gathered across keys only).
+    #[arg(long, default_value_t = 100)]
+    per_key: usize,
     /// How long a batch waits to fill, in milliseconds.
     #[arg(long, default_value_t = 2.0)]
     max_wait_ms: f64,
@@ -133,16 +137,17 @@ async fn run(args: &Args, batch: bool) -> Result<Run, String> {
         checker: checker.clone(),
         calls: Default::default(),
     });
-    let handler: Arc<dyn Handler> = if batch {
-        let config = BatchConfig::new(args.batch, Duration::from_secs_f64(args.max_wait_ms / 1000.0));
-        Arc::new(batched(per_batch.clone(), config).map_err(|e| e.to_string())?)
+    let builder = if batch {
+        let batching = BatchConfig::new(args.batch, Duration::from_secs_f64(args.max_wait_ms / 1000.0))
+            .per_key(args.per_key);
+        Engine::batch_builder(per_batch.clone(), batching).map_err(|e| e.to_string())?
     } else {
-        Arc::new(PerMessage {
+        Engine::builder(PerMessage {
             db: db.clone(),
             checker: checker.clone(),
         })
     };
-    let engine = Engine::builder(handler)
+    let engine = builder
         .config(config)
         .dead_letter_sink(bed.dead_letter_sink())
         .build()
@@ -199,7 +204,7 @@ fn main() -> ExitCode {
             "{}",
             serde_json::json!({
                 "keys": args.keys, "messages": args.messages, "pool": args.pool,
-                "round_trip_ms": args.round_trip_ms, "max_batch": args.batch, "max_wait_ms": args.max_wait_ms,
+                "round_trip_ms": args.round_trip_ms, "max_batch": args.batch, "per_key": args.per_key, "max_wait_ms": args.max_wait_ms,
                 "per_message": {"msg_per_s": single.rate, "p50_ms": single.p50_ms, "p99_ms": single.p99_ms, "calls": single.calls},
                 "batch": {"msg_per_s": batch.rate, "p50_ms": batch.p50_ms, "p99_ms": batch.p99_ms, "calls": batch.calls,
                           "mean_batch": args.messages as f64 / batch.calls.max(1) as f64},
@@ -209,8 +214,8 @@ fn main() -> ExitCode {
         );
     } else {
         println!(
-            "{} messages, {} keys, pool of {} connections, {} ms per call; order verified for every key",
-            args.messages, args.keys, args.pool, args.round_trip_ms
+            "{} messages, {} keys, pool of {} connections, {} ms per call, batches of {} (up to {} per key); order verified for every key",
+            args.messages, args.keys, args.pool, args.round_trip_ms, args.batch, args.per_key
         );
         println!(
             "per-message: {:>10.0} msg/s  p50 {:>8.1} ms  p99 {:>8.1} ms  {} calls",

@@ -16,9 +16,9 @@ use convoy_core::dead_letter::{
     DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
 use convoy_core::{
-    batched, typed, BatchConfig, BatchHandler, BatchResults, Commit, DeadLetterSink, Delivery, Engine,
-    EngineConfig, EngineHandle, Handler, HandlerError, Message, Offset, OutgoingMessage, Publisher, Receipt,
-    SourceEvent, SourceId, Subscription, Transport, TransportError,
+    typed, BatchConfig, BatchHandler, BatchResults, Commit, DeadLetterSink, Delivery, Engine, EngineConfig,
+    EngineHandle, Handler, HandlerError, Message, Offset, OutgoingMessage, Publisher, Receipt, SourceEvent,
+    SourceId, Subscription, Transport, TransportError,
 };
 
 use crate::checker::{CheckReport, OrderChecker};
@@ -987,15 +987,47 @@ pub async fn hot_key_does_not_stall_others(target: &dyn ConformanceTarget) {
     assert_clean(&checker.report(), "hot key");
 }
 
-/// What a batch handler saw: its calls' sizes and any batch holding two messages of one key.
+/// What a batch handler saw: its calls' sizes, the longest run of one key, and any batch
+/// whose messages of a key were not together, consecutive and in order.
 #[derive(Default)]
 struct BatchLog {
     sizes: std::sync::Mutex<Vec<usize>>,
-    repeated_keys: std::sync::atomic::AtomicU64,
+    longest_run: std::sync::atomic::AtomicUsize,
+    broken_runs: std::sync::atomic::AtomicU64,
 }
 
-/// A batch handler running the probe handler on each message of a batch (together: they are of
-/// different keys), each message keeping its own result.
+impl BatchLog {
+    fn record(&self, batch: &[Delivery]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(batch.len());
+        let mut keys_seen = HashSet::new();
+        let mut previous: Option<(Option<&Bytes>, Option<u64>)> = None;
+        let mut run = 0;
+        for d in batch {
+            let (key, seq) = (d.key(), decode_seq(d.payload()));
+            let continues = previous.is_some_and(|(k, _)| k == key);
+            if continues {
+                run += 1;
+                if previous.and_then(|(_, s)| s).map(|s| s + 1) != seq {
+                    self.broken_runs.fetch_add(1, Relaxed);
+                }
+            } else {
+                run = 1;
+                if !keys_seen.insert(key) {
+                    self.broken_runs.fetch_add(1, Relaxed);
+                }
+            }
+            self.longest_run.fetch_max(run, Relaxed);
+            previous = Some((key, seq));
+        }
+    }
+}
+
+/// A batch handler running the probe handler on each message of a batch: each key's run in
+/// order, stopping at its first failure (a batch handler's contract), the keys at once.
 struct BatchProbe {
     probe: Arc<ProbeHandler>,
     log: Arc<BatchLog>,
@@ -1004,36 +1036,56 @@ struct BatchProbe {
 #[async_trait]
 impl BatchHandler for BatchProbe {
     async fn handle_batch(&self, batch: Vec<Delivery>) -> Result<BatchResults, HandlerError> {
-        let keys: HashSet<Option<Bytes>> = batch.iter().map(|d| d.key().cloned()).collect();
-        if keys.len() < batch.len() {
-            self.log
-                .repeated_keys
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.log.record(&batch);
+        let mut runs: Vec<Vec<usize>> = Vec::new();
+        for (i, d) in batch.iter().enumerate() {
+            match runs.last_mut() {
+                Some(run) if batch[run[0]].key() == d.key() => run.push(i),
+                _ => runs.push(vec![i]),
+            }
         }
-        self.log
-            .sizes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(batch.len());
-        let calls = batch.into_iter().map(|d| self.probe.handle(d));
-        Ok(futures_util::future::join_all(calls).await)
+        let batch = &batch;
+        let handled = runs.iter().map(|run| async move {
+            let mut results = Vec::with_capacity(run.len());
+            for &i in run {
+                let failed_before = results
+                    .last()
+                    .is_some_and(|r: &Result<(), HandlerError>| r.is_err());
+                results.push(match failed_before {
+                    true => Err(HandlerError::transient(
+                        "not attempted: an earlier message of its key failed",
+                    )),
+                    false => self.probe.handle(batch[i].clone()).await,
+                });
+            }
+            results
+        });
+        Ok(futures_util::future::join_all(handled)
+            .await
+            .into_iter()
+            .flatten()
+            .collect())
     }
 }
 
-/// A batch handler: each call gathers the heads of many keys and never two messages of one key;
-/// each message keeps its own result — transient failures retried in their lane without
-/// overtaking, terminal ones dead-lettered while their key goes on, the rest finished once.
+/// A batch handler (`Engine::batch_builder`): calls hold runs of a key's consecutive messages,
+/// in order, beside other keys'; each message keeps its own result — a transient failure
+/// retries its key from it without overtaking, a terminal one is dead-lettered and its key goes
+/// on, the rest finish once.
 pub async fn batch_handler_keeps_order_and_results_per_message(target: &dyn ConformanceTarget) {
     let bed = bed(target, 3).await;
     let checker = Arc::new(OrderChecker::new());
     let poison: HashSet<(Bytes, u64)> = [(probe_key("b", 2), 4), (probe_key("b", 9), 0)].into();
-    let plan = FaultPlan {
+    let mut plan = FaultPlan {
         seed: 23,
         transient_rate: 0.2,
         transient_attempts: 1,
         terminal_on: poison.clone(),
         ..FaultPlan::default()
     };
+    // One key is held until messages queue behind its head: its next runs hold several.
+    let held = probe_key("b", 5);
+    let latch = plan.hold_key(held.clone());
     let receipts = load(bed.as_ref(), &checker, "b", 20, 25).await;
     let failing = (0..25u64)
         .flat_map(|seq| (0..20).map(move |k| (probe_key("b", k), seq)))
@@ -1042,23 +1094,39 @@ pub async fn batch_handler_keeps_order_and_results_per_message(target: &dyn Conf
     assert!(failing > 50, "the plan must fail a fair share: {failing}");
     let probe = Arc::new(ProbeHandler::with_faults(checker.clone(), plan).counting_calls());
     let log = Arc::new(BatchLog::default());
-    let handler = match batched(
-        BatchProbe {
-            probe: probe.clone(),
-            log: log.clone(),
-        },
-        BatchConfig::new(16, Duration::from_millis(50)),
-    ) {
-        Ok(h) => h,
-        Err(e) => panic!("batch config rejected: {e}"),
+    let batch = BatchConfig::new(16, Duration::from_millis(50)).per_key(4);
+    let handler = BatchProbe {
+        probe: probe.clone(),
+        log: log.clone(),
     };
     let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
-    let consumer = start(
-        sink,
-        handler,
-        test_config(bed.group()),
-        subscribe(bed.as_ref()).await,
+    let engine = match Engine::batch_builder(handler, batch)
+        .and_then(|b| b.config(test_config(bed.group())).dead_letter_sink(sink).build())
+    {
+        Ok(engine) => engine,
+        Err(e) => panic!("test engine config rejected: {e}"),
+    };
+    let consumer = engine.spawn(subscribe(bed.as_ref()).await);
+    let held_name = String::from_utf8_lossy(&held).into_owned();
+    let queued_behind = tokio::time::timeout(LIMIT, async {
+        loop {
+            let queued = consumer
+                .inspector()
+                .inspect(20)
+                .await
+                .and_then(|i| i.backlog.iter().find(|l| l.key == held_name).map(|l| l.queued));
+            if queued.is_some_and(|q| q >= 8) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        queued_behind.is_ok(),
+        "the held key's messages never queued behind it"
     );
+    latch.release();
     wait_complete(&checker, "batch handler").await;
     let report = stop(consumer).await;
     let check = checker.report();
@@ -1069,22 +1137,21 @@ pub async fn batch_handler_keeps_order_and_results_per_message(target: &dyn Conf
     for (key, seq) in &poison {
         assert_eq!(probe.calls_for(key, *seq), 1, "terminal errors are not retried");
     }
+    use std::sync::atomic::Ordering::Relaxed;
     let sizes = log.sizes.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    assert_eq!(
-        sizes.iter().sum::<usize>() as u64,
-        probe.calls(),
-        "every attempt went through a batch"
-    );
-    let largest = sizes.iter().copied().max().unwrap_or(0);
     assert!(
-        (2..=16).contains(&largest),
-        "batches gather several keys, at most 16: largest {largest} of {} calls",
-        sizes.len()
+        sizes.iter().all(|&n| (1..=16).contains(&n)),
+        "batches of 1 to 16: {sizes:?}"
     );
     assert_eq!(
-        log.repeated_keys.load(std::sync::atomic::Ordering::Relaxed),
+        log.broken_runs.load(Relaxed),
         0,
-        "no batch holds two messages of one key"
+        "a key's messages in a batch are together, consecutive and in order"
+    );
+    let longest = log.longest_run.load(Relaxed);
+    assert!(
+        (2..=4).contains(&longest),
+        "runs of the held key, at most 4: longest {longest}"
     );
     let dead = match bed.dead_letters(2).await {
         Ok(d) => d,

@@ -38,6 +38,8 @@ pub(crate) struct LaneContext {
     pub max_payload_bytes: Option<usize>,
     pub group: String,
     pub metrics: LaneMetrics,
+    /// A batch handler's gatherer, when its runs hold several messages of a key (see `run.rs`).
+    pub runs: Option<Arc<crate::batch::Batched>>,
 }
 
 impl LaneContext {
@@ -53,6 +55,7 @@ impl LaneContext {
             max_payload_bytes: self.max_payload_bytes,
             group: group.to_owned(),
             metrics: LaneMetrics::new(group),
+            runs: self.runs.clone(),
         }
     }
 }
@@ -71,9 +74,9 @@ pub(crate) enum Outcome {
 }
 
 /// A failed attempt, classified for the retry decision.
-struct Failure {
+pub(super) struct Failure {
     class: &'static str,
-    text: String,
+    pub text: String,
     retryable: bool,
     cause: DeadLetterCause,
     retry_after: Option<Duration>,
@@ -113,20 +116,22 @@ pub(crate) struct ShardContext {
 }
 
 impl ShardContext {
-    fn retrying(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, (u32, String)>> {
+    pub(super) fn retrying(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, (u32, String)>> {
         self.retrying.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// Removes a message from its shard's retrying list however its retries end (handled, dead-
 /// lettered, or the future dropped by a revoke or a stop).
-struct Retrying<'a> {
-    shard: &'a ShardContext,
-    message: usize,
+pub(super) struct Retrying<'a> {
+    pub shard: &'a ShardContext,
+    pub message: usize,
 }
 
 impl Retrying<'_> {
-    fn attempt(&self, attempts: u32, failure: &str) {
+    pub fn attempt(&self, attempts: u32, failure: &str) {
         self.shard
             .retrying()
             .insert(self.message, (attempts, failure.to_owned()));
@@ -155,6 +160,16 @@ pub(crate) enum Task {
         /// The source's lease, when it is held by one: no attempt starts once it ran out.
         lease: Option<Lease>,
     },
+    /// Handle a run: the message and the messages of its key queued behind it (see `run.rs`).
+    Run {
+        items: Vec<super::run::RunItem>,
+        /// The batch handler's gatherer.
+        batched: Arc<crate::batch::Batched>,
+        /// The source's lease, when it is held by one: no attempt starts once it ran out.
+        lease: Option<Lease>,
+        /// How many of the run are finished so far, for the shard.
+        finished: Arc<std::sync::atomic::AtomicUsize>,
+    },
     /// Dead-letter it unhandled with this reason (a stuck message).
     DeadLetter {
         reason: Box<DeadLetterReason>,
@@ -174,6 +189,13 @@ pub(crate) async fn run(job: Job) -> Outcome {
             received,
             lease,
         } => process(&shard, message, position_id, received, lease.as_ref()).await,
+        // Boxed: a batch handler's path; the state every single message's future carries stays small.
+        Task::Run {
+            items,
+            batched,
+            lease,
+            finished,
+        } => Box::pin(super::run::process(&shard, &batched, items, lease, finished)).await,
         Task::DeadLetter { reason, lease } => {
             dead_letter(
                 &shard.ctx,
@@ -235,19 +257,86 @@ async fn process(
 }
 
 /// One lane future's view of its shard.
-struct Lane<'a> {
-    ctx: &'a LaneContext,
+pub(super) struct Lane<'a> {
+    pub ctx: &'a LaneContext,
     /// Its shard (counters, the retrying list).
-    shard: &'a ShardContext,
+    pub shard: &'a ShardContext,
     /// The call slots, and this shard's stripe of them.
-    calls: Option<(&'a CallSlots, usize)>,
-    position_id: PositionId,
-    lease: Option<&'a Lease>,
+    pub calls: Option<(&'a CallSlots, usize)>,
+    pub position_id: PositionId,
+    pub lease: Option<&'a Lease>,
+}
+
+/// What follows a failed attempt.
+pub(super) enum Next {
+    /// Retry after this delay.
+    Retry(Duration),
+    /// Give up: dead-letter with this reason.
+    DeadLetter(DeadLetterReason),
+}
+
+/// Where a message's retries stand: its attempts, its first failure, whether exhaustion under
+/// `OnExhausted::BlockLane` was reported.
+pub(super) struct Retries {
+    pub attempt: u32,
+    first: (Instant, SystemTime),
+    reported_exhausted: bool,
+}
+
+impl Retries {
+    /// After the first failed attempt, now.
+    pub fn start() -> Self {
+        Retries {
+            attempt: 1,
+            first: (Instant::now(), SystemTime::now()),
+            reported_exhausted: false,
+        }
+    }
+
+    /// Decides what follows `failure` of attempt `self.attempt` (failed at `now`), logs it,
+    /// and counts a retry: a dead letter for a terminal error or exhausted retries (unless the
+    /// lane blocks), else a retry after the backoff (or the handler's `retry_after`).
+    pub fn next(
+        &mut self,
+        lane: &Lane<'_>,
+        failure: &Failure,
+        now: (Instant, SystemTime),
+        rng: &mut fastrand::Rng,
+    ) -> Next {
+        let (ctx, stats) = (lane.ctx, &*lane.shard.stats);
+        let attempt = self.attempt;
+        if !failure.retryable {
+            tracing::warn!(error = %failure.text, class = failure.class, attempt, "dead-lettering");
+            return Next::DeadLetter(reason(ctx, failure, attempt, self.first.1, now.1));
+        }
+        let delay = failure
+            .retry_after
+            .unwrap_or_else(|| ctx.retry.backoff.delay(attempt, rng));
+        if ctx.retry.exhausted(attempt, now.0 - self.first.0, delay) {
+            match ctx.retry.on_exhausted {
+                OnExhausted::DeadLetter => {
+                    tracing::warn!(error = %failure.text, attempt, "retries exhausted, dead-lettering");
+                    return Next::DeadLetter(reason(ctx, failure, attempt, self.first.1, now.1));
+                }
+                OnExhausted::BlockLane if !self.reported_exhausted => {
+                    self.reported_exhausted = true;
+                    tracing::error!(error = %failure.text, attempt, "retries exhausted; the lane stays blocked and keeps retrying");
+                }
+                OnExhausted::BlockLane => {}
+            }
+        } else {
+            tracing::debug!(error = %failure.text, attempt, ?delay, "transient failure, retrying in the lane");
+        }
+        stats.retries.fetch_add(1, Relaxed);
+        ctx.metrics.retries.increment(1);
+        self.attempt = attempt.saturating_add(1);
+        Next::Retry(delay)
+    }
 }
 
 impl Lane<'_> {
     /// True once the source's lease ran out: nothing more of it may start here.
-    fn fenced(&self) -> bool {
+    pub fn fenced(&self) -> bool {
         self.lease.is_some_and(|l| !l.is_valid())
     }
 
@@ -278,15 +367,12 @@ impl Lane<'_> {
                 Err(failure) => Box::pin(self.after_failure(&message, received, &span, failure)).await,
             },
         };
-        let recorded = id.is_header_id() || !matches!(self.position_id, PositionId::None);
-        if recorded && !matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced) {
-            id.remember().await;
-        }
+        remember(id, self.position_id, &outcome).await;
         outcome
     }
 
     /// Dead-letters input refused before any attempt.
-    async fn malformed(&self, message: &Message, problem: String) -> Outcome {
+    pub async fn malformed(&self, message: &Message, problem: String) -> Outcome {
         tracing::warn!(error = %problem, "dead-lettering malformed input unhandled");
         let now = SystemTime::now();
         let failure = Failure {
@@ -356,51 +442,39 @@ impl Lane<'_> {
         mut failure: Failure,
     ) -> Outcome {
         let (ctx, stats) = (self.ctx, &*self.shard.stats);
-        let first = (Instant::now(), SystemTime::now());
-        let mut now = first;
-        let mut attempt = 1u32;
+        let mut retries = Retries::start();
+        let mut now = retries.first;
         let retrying = Retrying {
             shard: self.shard,
             message: Arc::as_ptr(message) as usize,
         };
         let mut rng = fastrand::Rng::new();
-        let mut reported_exhausted = false;
         loop {
-            if !failure.retryable {
-                tracing::warn!(error = %failure.text, class = failure.class, attempt, "dead-lettering");
-                let reason = reason(ctx, &failure, attempt, first.1, now.1);
-                return dead_letter(ctx, stats, message, reason, self.lease, &mut rng).await;
-            }
-            let delay = failure
-                .retry_after
-                .unwrap_or_else(|| ctx.retry.backoff.delay(attempt, &mut rng));
-            if ctx.retry.exhausted(attempt, now.0 - first.0, delay) {
-                match ctx.retry.on_exhausted {
-                    OnExhausted::DeadLetter => {
-                        tracing::warn!(error = %failure.text, attempt, "retries exhausted, dead-lettering");
-                        let reason = reason(ctx, &failure, attempt, first.1, now.1);
-                        return dead_letter(ctx, stats, message, reason, self.lease, &mut rng).await;
-                    }
-                    OnExhausted::BlockLane if !reported_exhausted => {
-                        reported_exhausted = true;
-                        tracing::error!(error = %failure.text, attempt, "retries exhausted; the lane stays blocked and keeps retrying");
-                    }
-                    OnExhausted::BlockLane => {}
+            let failed_attempt = retries.attempt;
+            match retries.next(self, &failure, now, &mut rng) {
+                Next::DeadLetter(reason) => {
+                    return dead_letter(ctx, stats, message, reason, self.lease, &mut rng).await
                 }
-            } else {
-                tracing::debug!(error = %failure.text, attempt, ?delay, "transient failure, retrying in the lane");
+                Next::Retry(delay) => {
+                    retrying.attempt(failed_attempt, &failure.text);
+                    backoff_wait(delay).await;
+                }
             }
-            stats.retries.fetch_add(1, Relaxed);
-            ctx.metrics.retries.increment(1);
-            retrying.attempt(attempt, &failure.text);
-            backoff_wait(delay).await;
-            attempt = attempt.saturating_add(1);
-            failure = match self.attempt(message, attempt, received, span).await {
+            failure = match self.attempt(message, retries.attempt, received, span).await {
                 Ok(outcome) => return outcome,
                 Err(failure) => failure,
             };
             now = (Instant::now(), SystemTime::now());
         }
+    }
+}
+
+/// Records the id of a message that ended (handled, dead-lettered), unless it is derived from a
+/// position that names nothing; a message left unfinished (fenced, a fatal sink) is not.
+pub(super) async fn remember(id: Remembered<'_>, position_id: PositionId, outcome: &Outcome) {
+    let recorded = id.is_header_id() || !matches!(position_id, PositionId::None);
+    if recorded && !matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced) {
+        id.remember().await;
     }
 }
 
@@ -421,14 +495,14 @@ pub(crate) enum PositionId {
 /// A message's event id as its lane holds it from the duplicate check to the record (after
 /// handling or dead-lettering; never for a message left unfinished): borrowed and hashed once
 /// for the engine's in-memory store, owned for any other.
-enum Remembered<'m> {
+pub(super) enum Remembered<'m> {
     Off,
     Memory(&'m MemoryIdempotencyStore, u64, IdRef<'m>),
     Custom(&'m dyn IdempotencyStore, EventId),
 }
 
 impl<'m> Remembered<'m> {
-    fn of(store: Option<&'m Idempotency>, message: &'m Message) -> Self {
+    pub fn of(store: Option<&'m Idempotency>, message: &'m Message) -> Self {
         match store {
             None => Remembered::Off,
             Some(Idempotency::Memory(store)) => {
@@ -441,7 +515,7 @@ impl<'m> Remembered<'m> {
 
     /// True when the id was finished before. An id derived from the message's position is
     /// checked only where `position` says so; a header id always is.
-    async fn seen(&self, position: PositionId) -> bool {
+    pub async fn seen(&self, position: PositionId) -> bool {
         match self {
             Remembered::Off => false,
             _ if !(matches!(position, PositionId::Checked) || self.is_header_id()) => false,
@@ -453,14 +527,14 @@ impl<'m> Remembered<'m> {
         }
     }
 
-    fn is_header_id(&self) -> bool {
+    pub fn is_header_id(&self) -> bool {
         matches!(
             self,
             Remembered::Memory(_, _, IdRef::Header(_)) | Remembered::Custom(_, EventId::Header(_))
         )
     }
 
-    async fn remember(self) {
+    pub async fn remember(self) {
         match self {
             Remembered::Off => {}
             // Checked by `seen` before the message was handled (a header id always is).
@@ -493,7 +567,7 @@ impl std::fmt::Display for Remembered<'_> {
 /// Boxed, like every path a message rarely takes: a lane future's state is as large as its
 /// largest await, and each message's future is moved into place (measured: 1.4 KiB per message
 /// copied, ~10 % of the engine's instructions, before the rare paths were boxed).
-fn backoff_wait(delay: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+pub(super) fn backoff_wait(delay: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
     Box::pin(wait(delay))
 }
 
@@ -516,7 +590,7 @@ async fn wait(delay: Duration) {
 }
 
 /// Input the engine refuses before any attempt, and why.
-fn screen(ctx: &LaneContext, message: &Message) -> Option<String> {
+pub(super) fn screen(ctx: &LaneContext, message: &Message) -> Option<String> {
     if ctx.reject_keyless && message.ordering_key().is_none() {
         return Some(
             "message has no key (or an empty one), and keyless messages are dead-lettered (KeylessPolicy::DeadLetter)".into(),
@@ -543,21 +617,24 @@ async fn attempt_once(ctx: &LaneContext, delivery: Delivery) -> Result<(), Failu
         // Boxed: a timer is large, and most configurations have no attempt timeout.
         Some(limit) => match Box::pin(tokio::time::timeout(limit, future)).await {
             Ok(result) => result,
-            Err(_) => {
-                return Err(Failure {
-                    class: "transient",
-                    text: format!("attempt timed out after {limit:?}"),
-                    retryable: true,
-                    cause: DeadLetterCause::RetriesExhausted,
-                    retry_after: None,
-                })
-            }
+            Err(_) => return Err(timed_out(limit)),
         },
     };
     match result {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.into()),
         Err(panic) => Err(panicked(panic)),
+    }
+}
+
+/// An attempt that outlasted `attempt_timeout`: transient.
+pub(super) fn timed_out(limit: Duration) -> Failure {
+    Failure {
+        class: "transient",
+        text: format!("attempt timed out after {limit:?}"),
+        retryable: true,
+        cause: DeadLetterCause::RetriesExhausted,
+        retry_after: None,
     }
 }
 

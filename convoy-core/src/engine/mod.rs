@@ -10,6 +10,7 @@
 mod inspect;
 mod intake;
 mod lane;
+mod run;
 mod shard;
 mod slots;
 pub(crate) mod spares;
@@ -30,6 +31,7 @@ use self::lane::{LaneContext, ShardContext};
 use self::shard::{BatchSpares, Shard};
 use self::slots::CallSlots;
 use self::stats::EngineStats;
+use crate::batch::{BatchConfig, BatchHandler, Batched};
 use crate::config::{ConfigError, EngineConfig};
 use crate::dead_letter::DeadLetterSink;
 use crate::handler::Handler;
@@ -72,12 +74,24 @@ pub enum EngineError {
 /// Builds an [`Engine`].
 pub struct EngineBuilder {
     handler: Arc<dyn Handler>,
+    /// A batch handler's gatherer (`handler` is it too), if the engine runs one.
+    batched: Option<Arc<Batched>>,
     config: EngineConfig,
     sink: Option<Arc<dyn DeadLetterSink>>,
     idempotency: Option<Idempotency>,
 }
 
 impl EngineBuilder {
+    fn new(handler: Arc<dyn Handler>, batched: Option<Arc<Batched>>) -> Self {
+        EngineBuilder {
+            handler,
+            batched,
+            config: EngineConfig::default(),
+            sink: None,
+            idempotency: Some(Idempotency::Memory(Arc::new(MemoryIdempotencyStore::default()))),
+        }
+    }
+
     /// Sets the configuration (validated by `build`).
     pub fn config(mut self, config: EngineConfig) -> Self {
         self.config = config;
@@ -123,6 +137,8 @@ impl EngineBuilder {
                 max_payload_bytes: self.config.max_payload_bytes,
                 metrics: LaneMetrics::new(self.config.group_or_default()),
                 group: self.config.group_or_default().to_owned(),
+                // Runs of one message are the lane's single path, through `handler`.
+                runs: self.batched.filter(|b| b.config().per_key > 1),
             }),
             config: self.config,
         })
@@ -138,12 +154,21 @@ pub struct Engine {
 impl Engine {
     /// Starts building an engine around `handler`.
     pub fn builder(handler: impl Handler) -> EngineBuilder {
-        EngineBuilder {
-            handler: Arc::new(handler),
-            config: EngineConfig::default(),
-            sink: None,
-            idempotency: Some(Idempotency::Memory(Arc::new(MemoryIdempotencyStore::default()))),
-        }
+        EngineBuilder::new(Arc::new(handler), None)
+    }
+
+    /// Starts building an engine around a batch handler, whose calls each take many messages
+    /// gathered as `batch` says (see [`batch`](crate::batch)). Fails if `batch` is invalid,
+    /// naming the field.
+    ///
+    /// Batches fill only with messages in flight at once: the engine's `max_in_flight`, if set,
+    /// should be at least `batch.max_messages / batch.per_key` keys.
+    pub fn batch_builder(
+        handler: impl BatchHandler,
+        batch: BatchConfig,
+    ) -> Result<EngineBuilder, ConfigError> {
+        let batched = Arc::new(Batched::new(Arc::new(handler), batch)?);
+        Ok(EngineBuilder::new(batched.clone(), Some(batched)))
     }
 
     /// The configuration in use.

@@ -11,6 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::BuildHasher;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::Poll;
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 
 use super::inspect::{top_by, LaneView};
 use super::lane::{self, Job, Outcome, PositionId, ShardContext, Task};
+use super::run::RunItem;
 use super::spares::Spares;
 use super::tasks::{Ended, LaneTasks};
 use crate::message::Message;
@@ -199,6 +201,92 @@ struct InFlight {
     lease: Option<Lease>,
     /// When its handling started; `None` for a stuck message's dead letter.
     started: Option<Instant>,
+    /// The rest of its run, when it heads one (a batch handler's).
+    run: Option<Box<Run>>,
+}
+
+/// The messages of a run after its head, and how many of the run are finished so far.
+struct Run {
+    followers: Vec<Follower>,
+    finished: Arc<AtomicUsize>,
+}
+
+/// A message of a run after its head (same lane, same assignment and lease as the head).
+struct Follower {
+    lane: LaneOf,
+    slot: u32,
+    seq: Seq,
+    weight: usize,
+    position_id: PositionId,
+    received: Instant,
+    message: Arc<Message>,
+}
+
+impl InFlight {
+    fn completion(&self) -> Completion {
+        Completion {
+            slot: self.slot,
+            weight: u32::try_from(self.weight).unwrap_or(u32::MAX),
+            epoch: self.epoch,
+            seq: self.seq,
+        }
+    }
+
+    /// The first message of the job not finished yet: its sequence number and the message.
+    fn first_unfinished(&self) -> (Seq, &Arc<Message>) {
+        let finished = self.run.as_ref().map_or(0, |r| r.finished.load(Relaxed));
+        match self
+            .run
+            .as_ref()
+            .and_then(|r| r.followers.get(finished.checked_sub(1)?))
+        {
+            Some(f) => (f.seq, &f.message),
+            None => (self.seq, &self.message),
+        }
+    }
+
+    /// True if the job handles message `seq` of assignment `epoch`.
+    fn holds(&self, epoch: u64, seq: Seq) -> bool {
+        self.epoch == epoch
+            && (self.seq == seq
+                || self
+                    .run
+                    .as_ref()
+                    .is_some_and(|r| r.followers.iter().any(|f| f.seq == seq)))
+    }
+}
+
+/// Completes what `busy`'s run finished: its head, then its followers, in order.
+fn complete_run(pending: &mut Vec<Completion>, busy: &InFlight) {
+    let Some(run) = busy.run.as_ref() else {
+        return;
+    };
+    let done = run.finished.load(Relaxed);
+    if done == 0 {
+        return;
+    }
+    pending.push(busy.completion());
+    pending.extend(run.followers.iter().take(done - 1).map(|f| Completion {
+        slot: f.slot,
+        weight: u32::try_from(f.weight).unwrap_or(u32::MAX),
+        epoch: busy.epoch,
+        seq: f.seq,
+    }));
+}
+
+/// A stuck message taken out of its run, to be dead-lettered.
+struct Stuck {
+    slot: u32,
+    weight: usize,
+    message: Arc<Message>,
+    lease: Option<Lease>,
+}
+
+/// How many messages of a key a run holds, at most, and their payload bytes.
+#[derive(Clone, Copy)]
+struct RunLimits {
+    per_key: usize,
+    max_bytes: usize,
 }
 
 struct Lane {
@@ -262,6 +350,8 @@ struct Launcher<F> {
     /// kept inline in its slot, not boxed).
     make: fn(Job) -> F,
     shard: Arc<ShardContext>,
+    /// Set for a batch handler whose batches may hold several messages of a key.
+    runs: Option<(Arc<crate::batch::Batched>, RunLimits)>,
 }
 
 /// How a lane future is identified in the shard.
@@ -291,10 +381,81 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
         self.launch(launch, Arc::new(work.message), task)
     }
 
+    /// Starts the next message of `queue` as its lane's in-flight job: with runs, together with
+    /// the messages of the same assignment queued behind it, within the run's bounds.
+    fn start_next(&mut self, queue: &mut VecDeque<Work>) -> Option<InFlight> {
+        let head = queue.pop_front()?;
+        let Some((batched, limits)) = self.runs.clone() else {
+            return Some(self.start(head));
+        };
+        let mut bytes = head.message.payload.len();
+        let mut followers = Vec::new();
+        while followers.len() + 1 < limits.per_key {
+            let fits = queue.front().is_some_and(|next| {
+                next.epoch == head.epoch && bytes + next.message.payload.len() <= limits.max_bytes
+            });
+            let Some(next) = queue.pop_front().filter(|_| fits) else {
+                break;
+            };
+            bytes += next.message.payload.len();
+            followers.push(Follower {
+                lane: next.lane,
+                slot: next.slot,
+                seq: next.seq,
+                weight: next.weight,
+                position_id: next.position_id,
+                received: next.received,
+                message: Arc::new(next.message),
+            });
+        }
+        if followers.is_empty() {
+            return Some(self.start(head));
+        }
+        Some(self.start_run(head, followers, batched))
+    }
+
+    /// Starts `head` and `followers` as one run.
+    fn start_run(
+        &mut self,
+        head: Work,
+        followers: Vec<Follower>,
+        batched: Arc<crate::batch::Batched>,
+    ) -> InFlight {
+        let message = Arc::new(head.message);
+        let items = std::iter::once(RunItem {
+            message: message.clone(),
+            position_id: head.position_id,
+            received: head.received,
+        })
+        .chain(followers.iter().map(|f| RunItem {
+            message: f.message.clone(),
+            position_id: f.position_id,
+            received: f.received,
+        }))
+        .collect();
+        let finished = Arc::new(AtomicUsize::new(0));
+        let launch = Launch {
+            hash: head.hash,
+            slot: head.slot,
+            epoch: head.epoch,
+            seq: head.seq,
+            weight: head.weight,
+        };
+        let task = Task::Run {
+            items,
+            batched,
+            lease: head.lease,
+            finished: finished.clone(),
+        };
+        let mut in_flight = self.launch(launch, message, task);
+        in_flight.run = Some(Box::new(Run { followers, finished }));
+        in_flight
+    }
+
     /// Starts `task` for `message` as the in-flight job of the lane of `launch.hash`.
     fn launch(&mut self, launch: Launch, message: Arc<Message>, task: Task) -> InFlight {
         let (lease, started) = match &task {
-            Task::Handle { lease, .. } => (lease.clone(), Some(Instant::now())),
+            Task::Handle { lease, .. } | Task::Run { lease, .. } => (lease.clone(), Some(Instant::now())),
             Task::DeadLetter { lease, .. } => (lease.clone(), None),
         };
         let job = Job {
@@ -312,6 +473,7 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
             message,
             lease,
             started,
+            run: None,
         }
     }
 }
@@ -331,6 +493,14 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             launcher: Launcher {
                 tasks: LaneTasks::new(),
                 make,
+                runs: shard.ctx.runs.as_ref().map(|batched| {
+                    let config = batched.config();
+                    let limits = RunLimits {
+                        per_key: config.per_key,
+                        max_bytes: config.max_bytes,
+                    };
+                    (batched.clone(), limits)
+                }),
                 shard: Arc::new(shard),
             },
             pending: Vec::new(),
@@ -446,7 +616,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                     .filter_map(|l| l.busy.as_ref())
                     .filter_map(|b| {
                         let waited = now - b.started?;
-                        (waited >= limit).then_some((b.epoch, b.seq, waited))
+                        (waited >= limit).then_some((b.epoch, b.first_unfinished().0, waited))
                     })
                     .collect();
                 for (epoch, seq, waited) in stuck {
@@ -473,11 +643,12 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             .iter()
             .filter_map(|lane| {
                 let (message, busy) = match (&lane.busy, lane.queue.front()) {
-                    (Some(b), _) => (&*b.message, Some(b)),
+                    (Some(b), _) => (&**b.first_unfinished().1, Some(b)),
                     (None, Some(w)) => (&w.message, None),
                     (None, None) => return None,
                 };
-                let retried = busy.and_then(|b| retrying.get(&(Arc::as_ptr(&b.message) as usize)));
+                let retried =
+                    busy.and_then(|b| retrying.get(&(Arc::as_ptr(b.first_unfinished().1) as usize)));
                 Some(LaneView {
                     key: match &lane.key {
                         LaneKey::Key(key) => String::from_utf8_lossy(key).into_owned(),
@@ -556,16 +727,16 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             return;
         };
         let lane = entry.get_mut();
-        if let Some(busy) = lane.busy.take().filter(|_| finished_it) {
-            self.pending.push(Completion {
-                slot: busy.slot,
-                weight: u32::try_from(busy.weight).unwrap_or(u32::MAX),
-                epoch: busy.epoch,
-                seq: busy.seq,
-            });
+        if let Some(busy) = lane.busy.take() {
+            if busy.run.is_some() {
+                // A run counts what it finished; the rest was fenced, as a single message is.
+                complete_run(&mut self.pending, &busy);
+            } else if finished_it {
+                self.pending.push(busy.completion());
+            }
         }
-        match lane.queue.pop_front() {
-            Some(next) => lane.busy = Some(self.launcher.start(next)),
+        match self.launcher.start_next(&mut lane.queue) {
+            Some(next) => lane.busy = Some(next),
             None => {
                 entry.remove();
             }
@@ -584,8 +755,8 @@ impl<F: Future<Output = Outcome>> Shard<F> {
         if lane.busy.is_some() {
             return;
         }
-        match lane.queue.pop_front() {
-            Some(next) => lane.busy = Some(self.launcher.start(next)),
+        match self.launcher.start_next(&mut lane.queue) {
+            Some(next) => lane.busy = Some(next),
             None => {
                 entry.remove();
             }
@@ -625,6 +796,52 @@ impl<F: Future<Output = Outcome>> Shard<F> {
         }
     }
 
+    /// Takes apart the run of a job cancelled because message `stuck` of it is stuck:
+    /// completes what the run finished, puts the messages after the stuck one back at the front
+    /// of their queue, and gives back the stuck one. That is the run's first unfinished message
+    /// (the stuck one is the lowest unfinished message of its source, and a run holds one
+    /// assignment's messages in order); `None`, with every unfinished one put back, if the run
+    /// had finished it already.
+    fn split_run(&mut self, key: &LaneKey, hash: u64, busy: InFlight, stuck: Seq) -> Option<Stuck> {
+        complete_run(&mut self.pending, &busy);
+        let run = busy.run?;
+        let done = run.finished.load(Relaxed);
+        let mut followers = run.followers.into_iter().skip(done.saturating_sub(1)).peekable();
+        let first = if done == 0 {
+            Some(Stuck {
+                slot: busy.slot,
+                weight: busy.weight,
+                message: busy.message,
+                lease: busy.lease.clone(),
+            })
+        } else {
+            // Taken out only if it is the stuck one; else it goes back with the rest.
+            followers.next_if(|f| f.seq == stuck).map(|f| Stuck {
+                slot: f.slot,
+                weight: f.weight,
+                message: f.message,
+                lease: busy.lease.clone(),
+            })
+        };
+        if let Some(lane) = self.lanes.get_mut(key, hash) {
+            for f in followers.rev() {
+                lane.queue.push_front(Work {
+                    message: Arc::unwrap_or_clone(f.message),
+                    lane: f.lane,
+                    hash,
+                    slot: f.slot,
+                    epoch: busy.epoch,
+                    seq: f.seq,
+                    weight: f.weight,
+                    position_id: f.position_id,
+                    received: f.received,
+                    lease: busy.lease.clone(),
+                });
+            }
+        }
+        first
+    }
+
     fn stuck(&mut self, epoch: u64, seq: Seq, waited: std::time::Duration) {
         let in_flight = self
             .lanes
@@ -635,7 +852,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             .find(|l| {
                 l.busy
                     .as_ref()
-                    .is_some_and(|b| b.epoch == epoch && b.seq == seq && b.started.is_some())
+                    .is_some_and(|b| b.holds(epoch, seq) && b.started.is_some())
             })
             .map(|l| (l.key.clone(), l.hash));
         let (key, hash, slot, weight, message, lease) = if let Some((key, hash)) = in_flight {
@@ -643,7 +860,16 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 return;
             };
             self.launcher.tasks.cancel(busy.task);
-            (key, hash, busy.slot, busy.weight, busy.message, busy.lease)
+            if busy.run.is_none() {
+                (key, hash, busy.slot, busy.weight, busy.message, busy.lease)
+            } else {
+                let Some(first) = self.split_run(&key, hash, busy, seq) else {
+                    // Finished already: the next of the lane goes on.
+                    self.advance(&key, hash);
+                    return;
+                };
+                (key, hash, first.slot, first.weight, first.message, first.lease)
+            }
         } else {
             // Queued behind another message of its key: take it out and give it a lane of its own.
             let mut found = None;

@@ -84,16 +84,32 @@ impl RabbitNode {
 
     /// A single node, booted.
     pub fn start() -> Result<RabbitNode, NodeError> {
-        let node = RabbitNode::new("single", None)?;
-        node.boot()?;
-        Ok(node)
+        RabbitNode::start_fresh("single", None)
     }
 
     /// A single node with an `amqps` listener too, its certificate signed by `ca`, booted.
     pub fn start_tls(ca: &TestCa) -> Result<RabbitNode, NodeError> {
-        let node = RabbitNode::new("tls", Some(ca))?;
-        node.boot()?;
-        Ok(node)
+        RabbitNode::start_fresh("tls", Some(ca))
+    }
+
+    /// A fresh node, booted; if it does not boot, another with fresh ports, up to
+    /// [`BOOT_ATTEMPTS`] in all. A node's ports are found free and released before it binds
+    /// them, and any process (a client's ephemeral port) may take one meanwhile: seen once in a
+    /// full run, a node that stopped at boot (`rabbit_is_not_running`).
+    fn start_fresh(kind: &str, ca: Option<&TestCa>) -> Result<RabbitNode, NodeError> {
+        let mut attempt = 1;
+        loop {
+            // A node that failed is stopped and its directory removed when dropped.
+            let node = RabbitNode::new(kind, ca)?;
+            match node.boot() {
+                Ok(()) => return Ok(node),
+                Err(e) if attempt < BOOT_ATTEMPTS => {
+                    eprintln!("{e}\n(boot attempt {attempt} of {BOOT_ATTEMPTS}: trying a fresh node)");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn env(&self, command: &mut Command) {
@@ -235,6 +251,9 @@ impl Drop for RabbitNode {
         remove_dir(&self.dir);
     }
 }
+
+/// How many fresh nodes [`RabbitNode::start`] tries before it gives up.
+const BOOT_ATTEMPTS: u32 = 3;
 
 /// Three (or more) private nodes joined into one cluster (quorum queues declared on it are
 /// replicated over its members; [`RabbitCluster::queue_leaders`] tells where each one leads).
