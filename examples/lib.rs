@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use convoy::dlq::{self, DeadLetterRecord, Selection};
-use convoy::{Connection, Engine, EngineConfig, Handler, OutgoingMessage, RetryPolicy, StatsSnapshot};
+use convoy::{
+    BatchConfig, BatchHandler, Connection, Engine, EngineBuilder, EngineConfig, Handler, OutgoingMessage,
+    RetryPolicy, StatsSnapshot,
+};
 
 /// Any error of an example, printed as one line.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -66,7 +69,28 @@ impl Example {
         retry: RetryPolicy,
         expected: u64,
     ) -> Result<StatsSnapshot, Error> {
-        let engine = Engine::builder(handler)
+        self.run_engine(Engine::builder(handler), retry, expected).await
+    }
+
+    /// As [`run`](Self::run), with a batch handler whose calls gather messages as `batch` says.
+    pub async fn run_batches(
+        &self,
+        handler: impl BatchHandler,
+        batch: BatchConfig,
+        retry: RetryPolicy,
+        expected: u64,
+    ) -> Result<StatsSnapshot, Error> {
+        self.run_engine(Engine::batch_builder(handler, batch)?, retry, expected)
+            .await
+    }
+
+    async fn run_engine(
+        &self,
+        builder: EngineBuilder,
+        retry: RetryPolicy,
+        expected: u64,
+    ) -> Result<StatsSnapshot, Error> {
+        let engine = builder
             .config({
                 let mut config = EngineConfig::for_group(self.connection.endpoint().group.clone());
                 config.retry = retry;
