@@ -16,13 +16,15 @@ use convoy_core::dead_letter::{
     DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
 use convoy_core::{
-    typed, BatchConfig, BatchHandler, BatchResults, Commit, DeadLetterSink, Delivery, Engine, EngineConfig,
-    EngineHandle, Handler, HandlerError, Message, Offset, OutgoingMessage, Publisher, Receipt, SourceEvent,
-    SourceId, Subscription, Transport, TransportError,
+    typed, BatchConfig, Commit, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler,
+    HandlerError, Message, Offset, OutgoingMessage, Publisher, Receipt, SourceEvent, SourceId, Subscription,
+    Transport, TransportError,
 };
 
 use crate::checker::{CheckReport, OrderChecker};
-use crate::probe::{self, decode_seq, probe_key, FaultPlan, Latency, ProbeHandler, RecordingSink};
+use crate::probe::{
+    self, decode_seq, probe_key, BatchLog, BatchProbe, FaultPlan, Latency, ProbeHandler, RecordingSink,
+};
 
 /// What a transport can and cannot do, declared once instead of weakening a case.
 #[derive(Clone, Copy, Debug)]
@@ -987,87 +989,6 @@ pub async fn hot_key_does_not_stall_others(target: &dyn ConformanceTarget) {
     assert_clean(&checker.report(), "hot key");
 }
 
-/// What a batch handler saw: its calls' sizes, the longest run of one key, and any batch
-/// whose messages of a key were not together, consecutive and in order.
-#[derive(Default)]
-struct BatchLog {
-    sizes: std::sync::Mutex<Vec<usize>>,
-    longest_run: std::sync::atomic::AtomicUsize,
-    broken_runs: std::sync::atomic::AtomicU64,
-}
-
-impl BatchLog {
-    fn record(&self, batch: &[Delivery]) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.sizes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(batch.len());
-        let mut keys_seen = HashSet::new();
-        let mut previous: Option<(Option<&Bytes>, Option<u64>)> = None;
-        let mut run = 0;
-        for d in batch {
-            let (key, seq) = (d.key(), decode_seq(d.payload()));
-            let continues = previous.is_some_and(|(k, _)| k == key);
-            if continues {
-                run += 1;
-                if previous.and_then(|(_, s)| s).map(|s| s + 1) != seq {
-                    self.broken_runs.fetch_add(1, Relaxed);
-                }
-            } else {
-                run = 1;
-                if !keys_seen.insert(key) {
-                    self.broken_runs.fetch_add(1, Relaxed);
-                }
-            }
-            self.longest_run.fetch_max(run, Relaxed);
-            previous = Some((key, seq));
-        }
-    }
-}
-
-/// A batch handler running the probe handler on each message of a batch: each key's run in
-/// order, stopping at its first failure (a batch handler's contract), the keys at once.
-struct BatchProbe {
-    probe: Arc<ProbeHandler>,
-    log: Arc<BatchLog>,
-}
-
-#[async_trait]
-impl BatchHandler for BatchProbe {
-    async fn handle_batch(&self, batch: Vec<Delivery>) -> Result<BatchResults, HandlerError> {
-        self.log.record(&batch);
-        let mut runs: Vec<Vec<usize>> = Vec::new();
-        for (i, d) in batch.iter().enumerate() {
-            match runs.last_mut() {
-                Some(run) if batch[run[0]].key() == d.key() => run.push(i),
-                _ => runs.push(vec![i]),
-            }
-        }
-        let batch = &batch;
-        let handled = runs.iter().map(|run| async move {
-            let mut results = Vec::with_capacity(run.len());
-            for &i in run {
-                let failed_before = results
-                    .last()
-                    .is_some_and(|r: &Result<(), HandlerError>| r.is_err());
-                results.push(match failed_before {
-                    true => Err(HandlerError::transient(
-                        "not attempted: an earlier message of its key failed",
-                    )),
-                    false => self.probe.handle(batch[i].clone()).await,
-                });
-            }
-            results
-        });
-        Ok(futures_util::future::join_all(handled)
-            .await
-            .into_iter()
-            .flatten()
-            .collect())
-    }
-}
-
 /// A batch handler (`Engine::batch_builder`): calls hold runs of a key's consecutive messages,
 /// in order, beside other keys'; each message keeps its own result — a transient failure
 /// retries its key from it without overtaking, a terminal one is dead-lettered and its key goes
@@ -1095,10 +1016,7 @@ pub async fn batch_handler_keeps_order_and_results_per_message(target: &dyn Conf
     let probe = Arc::new(ProbeHandler::with_faults(checker.clone(), plan).counting_calls());
     let log = Arc::new(BatchLog::default());
     let batch = BatchConfig::new(16, Duration::from_millis(50)).per_key(4);
-    let handler = BatchProbe {
-        probe: probe.clone(),
-        log: log.clone(),
-    };
+    let handler = BatchProbe::new(probe.clone()).logging(log.clone());
     let sink = Arc::new(RecordingSink::new(bed.dead_letter_sink(), checker.clone()));
     let engine = match Engine::batch_builder(handler, batch)
         .and_then(|b| b.config(test_config(bed.group())).dead_letter_sink(sink).build())
@@ -1137,18 +1055,17 @@ pub async fn batch_handler_keeps_order_and_results_per_message(target: &dyn Conf
     for (key, seq) in &poison {
         assert_eq!(probe.calls_for(key, *seq), 1, "terminal errors are not retried");
     }
-    use std::sync::atomic::Ordering::Relaxed;
-    let sizes = log.sizes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let sizes = log.sizes();
     assert!(
         sizes.iter().all(|&n| (1..=16).contains(&n)),
         "batches of 1 to 16: {sizes:?}"
     );
     assert_eq!(
-        log.broken_runs.load(Relaxed),
+        log.broken_runs(),
         0,
         "a key's messages in a batch are together, consecutive and in order"
     );
-    let longest = log.longest_run.load(Relaxed);
+    let longest = log.longest_run();
     assert!(
         (2..=4).contains(&longest),
         "runs of the held key, at most 4: longest {longest}"

@@ -16,8 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use convoy_core::{
-    DeadLetter, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError, Offset,
-    OutgoingMessage, Publisher, Receipt, SourceId, Transport, TransportError,
+    BatchHandler, BatchResults, DeadLetter, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle,
+    Handler, HandlerError, Offset, OutgoingMessage, Publisher, Receipt, SourceId, Transport, TransportError,
 };
 use tokio::sync::Notify;
 
@@ -399,6 +399,116 @@ impl Handler for ProbeHandler {
         }
         inside.handled(seq, Some(latency(&delivery)));
         Ok(())
+    }
+}
+
+/// What a batch handler saw: its calls' sizes, the longest run of one key, and any batch
+/// whose messages of a key were not together, consecutive and in order.
+#[derive(Default)]
+pub struct BatchLog {
+    sizes: Mutex<Vec<usize>>,
+    longest_run: std::sync::atomic::AtomicUsize,
+    broken_runs: AtomicU64,
+}
+
+impl BatchLog {
+    /// Each call's number of messages, in call order.
+    pub fn sizes(&self) -> Vec<usize> {
+        self.sizes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The most consecutive messages of one key seen in a call.
+    pub fn longest_run(&self) -> usize {
+        self.longest_run.load(Relaxed)
+    }
+
+    /// Calls whose messages of a key were not together, consecutive and in order.
+    pub fn broken_runs(&self) -> u64 {
+        self.broken_runs.load(Relaxed)
+    }
+
+    fn record(&self, batch: &[Delivery]) {
+        self.sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(batch.len());
+        let mut keys_seen = HashSet::new();
+        let mut previous: Option<(Option<&Bytes>, Option<u64>)> = None;
+        let mut run = 0;
+        for d in batch {
+            let (key, seq) = (d.key(), decode_seq(d.payload()));
+            let continues = previous.is_some_and(|(k, _)| k == key);
+            if continues {
+                run += 1;
+                if previous.and_then(|(_, s)| s).map(|s| s + 1) != seq {
+                    self.broken_runs.fetch_add(1, Relaxed);
+                }
+            } else {
+                run = 1;
+                if !keys_seen.insert(key) {
+                    self.broken_runs.fetch_add(1, Relaxed);
+                }
+            }
+            self.longest_run.fetch_max(run, Relaxed);
+            previous = Some((key, seq));
+        }
+    }
+}
+
+/// A batch handler running the probe handler on each message of a batch: each key's run in
+/// order, stopping at its first failure (a batch handler's contract), the keys at once.
+pub struct BatchProbe {
+    probe: Arc<ProbeHandler>,
+    log: Option<Arc<BatchLog>>,
+}
+
+impl BatchProbe {
+    /// Runs `probe` on each message of a call.
+    pub fn new(probe: Arc<ProbeHandler>) -> Self {
+        BatchProbe { probe, log: None }
+    }
+
+    /// Records every call in `log`.
+    pub fn logging(mut self, log: Arc<BatchLog>) -> Self {
+        self.log = Some(log);
+        self
+    }
+}
+
+#[async_trait]
+impl BatchHandler for BatchProbe {
+    async fn handle_batch(&self, batch: Vec<Delivery>) -> Result<BatchResults, HandlerError> {
+        if let Some(log) = &self.log {
+            log.record(&batch);
+        }
+        let mut runs: Vec<Vec<usize>> = Vec::new();
+        for (i, d) in batch.iter().enumerate() {
+            match runs.last_mut() {
+                Some(run) if batch[run[0]].key() == d.key() => run.push(i),
+                _ => runs.push(vec![i]),
+            }
+        }
+        let batch = &batch;
+        let handled = runs.iter().map(|run| async move {
+            let mut results = Vec::with_capacity(run.len());
+            for &i in run {
+                let failed_before = results
+                    .last()
+                    .is_some_and(|r: &Result<(), HandlerError>| r.is_err());
+                results.push(match failed_before {
+                    true => Err(HandlerError::transient(
+                        "not attempted: an earlier message of its key failed",
+                    )),
+                    false => self.probe.handle(batch[i].clone()).await,
+                });
+            }
+            results
+        });
+        Ok(futures_util::future::join_all(handled)
+            .await
+            .into_iter()
+            .flatten()
+            .collect())
     }
 }
 

@@ -1,16 +1,19 @@
 //! Property test of the ordering invariant through the whole engine: for any mix of keys,
 //! partitions, shard counts, fetch sizes, offset holes and transient/terminal failures, every
-//! message is finished exactly in per-key order and nothing is lost.
+//! message is finished exactly in per-key order and nothing is lost — with a per-message handler,
+//! and with a batch handler of any batch and run size.
 
 #![allow(clippy::unwrap_used)] // tests unwrap what they set up themselves
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use convoy_core::Engine;
+use convoy_core::{BatchConfig, Engine, EngineBuilder};
 use convoy_testkit::conformance::{test_config, TestBed};
 use convoy_testkit::memory::MemoryTarget;
-use convoy_testkit::probe::{publish_load, FaultPlan, Latency, ProbeHandler, RecordingSink};
+use convoy_testkit::probe::{
+    publish_load, BatchLog, BatchProbe, FaultPlan, Latency, ProbeHandler, RecordingSink,
+};
 use convoy_testkit::{CheckReport, MemoryBroker, OrderChecker};
 use proptest::prelude::*;
 
@@ -27,7 +30,15 @@ struct Case {
     seed: u64,
 }
 
-fn run(case: &Case) -> (CheckReport, u64) {
+/// How the engine calls the handler: per message, or in batches of at most `max_messages`
+/// holding runs of at most `per_key` messages of a key.
+#[derive(Debug, Clone, Copy)]
+enum Calls {
+    PerMessage,
+    Batches { max_messages: usize, per_key: usize },
+}
+
+fn run(case: &Case, calls: Calls) -> (CheckReport, u64, Option<Arc<BatchLog>>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -54,7 +65,20 @@ fn run(case: &Case) -> (CheckReport, u64) {
             .unwrap();
         let mut config = test_config(bed.group());
         config.shards = case.shards;
-        let engine = Engine::builder(ProbeHandler::with_faults(checker.clone(), plan))
+        let probe = ProbeHandler::with_faults(checker.clone(), plan);
+        let (builder, log): (EngineBuilder, _) = match calls {
+            Calls::PerMessage => (Engine::builder(probe), None),
+            Calls::Batches {
+                max_messages,
+                per_key,
+            } => {
+                let log = Arc::new(BatchLog::default());
+                let handler = BatchProbe::new(Arc::new(probe)).logging(log.clone());
+                let batch = BatchConfig::new(max_messages, Duration::from_millis(2)).per_key(per_key);
+                (Engine::batch_builder(handler, batch).unwrap(), Some(log))
+            }
+        };
+        let engine = builder
             .config(config)
             .dead_letter_sink(RecordingSink::new(bed.dead_letter_sink(), checker.clone()))
             .build()
@@ -62,7 +86,7 @@ fn run(case: &Case) -> (CheckReport, u64) {
             .spawn(bed.subscribe().await.unwrap());
         checker.wait_complete(Duration::from_secs(3600)).await;
         let report = engine.stop().await.unwrap();
-        (checker.report(), report.stats.dead_lettered)
+        (checker.report(), report.stats.dead_lettered, log)
     })
 }
 
@@ -92,10 +116,36 @@ proptest! {
 
     #[test]
     fn every_message_finishes_in_per_key_order(case in cases()) {
-        let (report, dead_lettered) = run(&case);
+        let (report, dead_lettered, _) = run(&case, Calls::PerMessage);
         prop_assert!(report.is_clean(), "{case:?}: {report:#?}");
         prop_assert_eq!(report.finished, (case.keys * case.per_key) as u64);
         prop_assert_eq!(report.duplicates, 0, "no crash, so no redelivery");
         prop_assert_eq!(report.dead_lettered, dead_lettered);
+    }
+}
+
+fn batches() -> impl Strategy<Value = Calls> {
+    (1usize..20, 1usize..8).prop_map(|(max_messages, per_key)| Calls::Batches {
+        max_messages,
+        per_key: per_key.min(max_messages),
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_batch_handler_finishes_every_message_in_per_key_order(case in cases(), calls in batches()) {
+        let (report, dead_lettered, log) = run(&case, calls);
+        prop_assert!(report.is_clean(), "{case:?} {calls:?}: {report:#?}");
+        prop_assert_eq!(report.finished, (case.keys * case.per_key) as u64);
+        prop_assert_eq!(report.duplicates, 0, "no crash, so no redelivery");
+        prop_assert_eq!(report.dead_lettered, dead_lettered);
+        let log = log.unwrap();
+        prop_assert_eq!(log.broken_runs(), 0, "a key's messages in a call are together, consecutive, in order");
+        if let Calls::Batches { max_messages, per_key } = calls {
+            prop_assert!(log.sizes().iter().all(|&n| (1..=max_messages).contains(&n)));
+            prop_assert!(log.longest_run() <= per_key);
+        }
     }
 }
