@@ -326,12 +326,6 @@ impl Batched {
         self.sizes.record(count as f64);
 
         let call = AssertUnwindSafe(self.handler.handle_batch(kept)).catch_unwind();
-        let mut replies: Vec<Reply> = Vec::with_capacity(waiting.len());
-        let mut counts = Vec::with_capacity(waiting.len());
-        for (reply, n) in waiting {
-            replies.push(reply);
-            counts.push(n);
-        }
         let results: BatchResults = tokio::select! {
             outcome = call => match outcome {
                 Ok(Ok(results)) if results.len() == count => results,
@@ -348,7 +342,7 @@ impl Batched {
                     failed(HandlerError::terminal(format!("batch {text}")), count)
                 }
             },
-            () = any_left(&mut replies) => {
+            () = any_left(&mut waiting) => {
                 tracing::debug!(messages = count, "batch call given up: a message of it was cancelled");
                 failed(
                     HandlerError::transient(
@@ -360,7 +354,7 @@ impl Batched {
         };
         let mut results = results.into_iter();
         let own: BatchResults = results.by_ref().take(leader).collect();
-        for (reply, n) in replies.into_iter().zip(counts) {
+        for (reply, n) in waiting {
             // A caller gone meanwhile needs no answer.
             let _ = reply.send(results.by_ref().take(n).collect());
         }
@@ -368,12 +362,12 @@ impl Batched {
     }
 }
 
-/// Ends when any caller waiting on `replies` is gone; never if there are none.
-async fn any_left(replies: &mut [Reply]) {
-    if replies.is_empty() {
+/// Ends when any caller waiting on `waiting` is gone; never if there are none.
+async fn any_left(waiting: &mut [(Reply, usize)]) {
+    if waiting.is_empty() {
         return std::future::pending().await;
     }
-    futures_util::future::select_all(replies.iter_mut().map(|r| Box::pin(r.closed()))).await;
+    futures_util::future::select_all(waiting.iter_mut().map(|(r, _)| Box::pin(r.closed()))).await;
 }
 
 /// The leader's hold on its batch. Dropped before sealing (the leader's lane was cancelled while
@@ -422,6 +416,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
     use bytes::Bytes;
+    use tokio::task::JoinHandle;
     use tokio::time::Instant;
 
     use super::*;
@@ -478,15 +473,20 @@ mod tests {
         Arc::new(Batched::new(Arc::new(b), config).expect("valid config"))
     }
 
+    /// Calls `handler` for `delivery` on a task of its own, as a lane does.
+    fn spawn_call(handler: &Arc<Batched>, delivery: Delivery) -> JoinHandle<Result<(), HandlerError>> {
+        let h = handler.clone();
+        tokio::spawn(async move { h.handle(delivery).await })
+    }
+
+    /// [`spawn_call`] for a message whose key and payload are `key`.
+    fn spawn_handle(handler: &Arc<Batched>, key: &str) -> JoinHandle<Result<(), HandlerError>> {
+        spawn_call(handler, delivery(key, key))
+    }
+
     /// Calls `handler` for each of `deliveries` at once (each on its own task, like lanes).
     async fn call_all(handler: &Arc<Batched>, deliveries: Vec<Delivery>) -> Vec<Result<(), HandlerError>> {
-        let tasks: Vec<_> = deliveries
-            .into_iter()
-            .map(|d| {
-                let h = handler.clone();
-                tokio::spawn(async move { h.handle(d).await })
-            })
-            .collect();
+        let tasks: Vec<_> = deliveries.into_iter().map(|d| spawn_call(handler, d)).collect();
         let mut results = Vec::new();
         for task in tasks {
             results.push(task.await.expect("call task"));
@@ -681,14 +681,7 @@ mod tests {
     async fn cancelling_one_message_gives_up_the_call_and_the_others_retry() {
         let hang = hanging();
         let h = handler(hang.clone(), BatchConfig::new(3, Duration::from_secs(1)));
-        let tasks: Vec<_> = ["a", "b", "c"]
-            .iter()
-            .map(|k| {
-                let h = h.clone();
-                let d = delivery(k, k);
-                tokio::spawn(async move { h.handle(d).await })
-            })
-            .collect();
+        let tasks: Vec<_> = ["a", "b", "c"].iter().map(|k| spawn_handle(&h, k)).collect();
         hang.started.notified().await;
         assert!(!hang.dropped.load(SeqCst));
         // "b" is cancelled (its source revoked): the call ends with it, not after it.
@@ -710,15 +703,9 @@ mod tests {
     async fn a_cancelled_leader_frees_the_others_at_once_and_the_gone_are_left_out() {
         let rec = recorder(all_ok);
         let h = handler(rec.clone(), BatchConfig::new(10, Duration::from_secs(60)));
-        let leader = {
-            let h = h.clone();
-            tokio::spawn(async move { h.handle(delivery("a", "a")).await })
-        };
+        let leader = spawn_handle(&h, "a");
         tokio::task::yield_now().await;
-        let follower = {
-            let h = h.clone();
-            tokio::spawn(async move { h.handle(delivery("b", "b")).await })
-        };
+        let follower = spawn_handle(&h, "b");
         tokio::task::yield_now().await;
         let start = Instant::now();
         leader.abort();
@@ -732,19 +719,10 @@ mod tests {
         assert!(lock(&rec.calls).is_empty(), "nothing was called");
 
         // A caller gone while its batch gathers is left out of the call.
-        let leads = {
-            let h = h.clone();
-            tokio::spawn(async move { h.handle(delivery("c", "c")).await })
-        };
+        let leads = spawn_handle(&h, "c");
         tokio::task::yield_now().await;
-        let cancelled = {
-            let h = h.clone();
-            tokio::spawn(async move { h.handle(delivery("d", "d")).await })
-        };
-        let joins = {
-            let h = h.clone();
-            tokio::spawn(async move { h.handle(delivery("e", "e")).await })
-        };
+        let cancelled = spawn_handle(&h, "d");
+        let joins = spawn_handle(&h, "e");
         tokio::task::yield_now().await;
         cancelled.abort();
         assert!(leads.await.expect("task").is_ok());

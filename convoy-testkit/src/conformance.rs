@@ -690,8 +690,8 @@ pub async fn graceful_shutdown_commits(target: &dyn ConformanceTarget) {
 /// message never finishes (its handler hangs until the stop's deadline ends it) and its next
 /// two wait behind it, while every later message of other keys finishes. The watermark stays
 /// below `a`'s first; the messages finished above it are kept with it (Kafka's offset map, a
-/// NATS watermark entry, RabbitMQ's acknowledgement of each), so the next member handles `a`'s
-/// three and nothing else again.
+/// NATS watermark entry, RabbitMQ's acknowledgement of each when it hands the partition over),
+/// so the next member handles `a`'s three and nothing else again.
 pub async fn a_stop_hands_over_only_what_is_unfinished(target: &dyn ConformanceTarget) {
     let bed = bed(target, 1).await;
     let publisher = bed.publisher();

@@ -481,17 +481,10 @@ impl BatchHandler for BatchProbe {
         if let Some(log) = &self.log {
             log.record(&batch);
         }
-        let mut runs: Vec<Vec<usize>> = Vec::new();
-        for (i, d) in batch.iter().enumerate() {
-            match runs.last_mut() {
-                Some(run) if batch[run[0]].key() == d.key() => run.push(i),
-                _ => runs.push(vec![i]),
-            }
-        }
-        let batch = &batch;
-        let handled = runs.iter().map(|run| async move {
+        // A key's messages are together and in order: its run.
+        let handled = batch.chunk_by(|a, b| a.key() == b.key()).map(|run| async move {
             let mut results = Vec::with_capacity(run.len());
-            for &i in run {
+            for d in run {
                 let failed_before = results
                     .last()
                     .is_some_and(|r: &Result<(), HandlerError>| r.is_err());
@@ -499,7 +492,7 @@ impl BatchHandler for BatchProbe {
                     true => Err(HandlerError::transient(
                         "not attempted: an earlier message of its key failed",
                     )),
-                    false => self.probe.handle(batch[i].clone()).await,
+                    false => self.probe.handle(d.clone()).await,
                 });
             }
             results

@@ -87,14 +87,20 @@ async fn start(
     engine.spawn(bed.subscribe().await.unwrap())
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_transient_failure_retries_the_run_from_it_and_what_came_before_is_finished() {
+/// A one-partition topic with six messages (seq 0-5) of key `k0`, registered with a checker.
+async fn one_key_with_six_messages() -> (MemoryTarget, MemoryBed, Arc<OrderChecker>) {
     let target = MemoryTarget::new();
     let bed = target.memory_bed(1);
     let checker = Arc::new(OrderChecker::new());
     publish_load(bed.publisher().as_ref(), &checker, "k", 1, 6)
         .await
         .unwrap();
+    (target, bed, checker)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_failure_retries_the_run_from_it_and_what_came_before_is_finished() {
+    let (_target, bed, checker) = one_key_with_six_messages().await;
     // seq 2 fails on its first two attempts.
     let handler = scripted(&checker, |seq, attempt| seq == 2 && attempt < 3, |_| false);
     let engine = start(&bed, &checker, handler.clone(), None).await;
@@ -121,12 +127,7 @@ async fn a_transient_failure_retries_the_run_from_it_and_what_came_before_is_fin
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_batch_call_dead_letters_its_first_unfinished_message_and_the_key_goes_on() {
-    let target = MemoryTarget::new();
-    let bed = target.memory_bed(1);
-    let checker = Arc::new(OrderChecker::new());
-    publish_load(bed.publisher().as_ref(), &checker, "k", 1, 6)
-        .await
-        .unwrap();
+    let (target, bed, checker) = one_key_with_six_messages().await;
     // Any call holding seq 2 hangs: a call cannot say which of its messages hangs, so the stuck
     // timeout takes the first unfinished one each time (1, then 2) and puts the rest back.
     let handler = scripted(&checker, |_, _| false, |seq| seq == 2);

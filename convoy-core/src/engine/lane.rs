@@ -161,15 +161,8 @@ pub(crate) enum Task {
         lease: Option<Lease>,
     },
     /// Handle a run: the message and the messages of its key queued behind it (see `run.rs`).
-    Run {
-        items: Vec<super::run::RunItem>,
-        /// The batch handler's gatherer.
-        batched: Arc<crate::batch::Batched>,
-        /// The source's lease, when it is held by one: no attempt starts once it ran out.
-        lease: Option<Lease>,
-        /// How many of the run are finished so far, for the shard.
-        finished: Arc<std::sync::atomic::AtomicUsize>,
-    },
+    /// Boxed, so that a single message's job stays as small as it was.
+    Run(Box<super::run::RunTask>),
     /// Dead-letter it unhandled with this reason (a stuck message).
     DeadLetter {
         reason: Box<DeadLetterReason>,
@@ -190,12 +183,7 @@ pub(crate) async fn run(job: Job) -> Outcome {
             lease,
         } => process(&shard, message, position_id, received, lease.as_ref()).await,
         // Boxed: a batch handler's path; the state every single message's future carries stays small.
-        Task::Run {
-            items,
-            batched,
-            lease,
-            finished,
-        } => Box::pin(super::run::process(&shard, &batched, items, lease, finished)).await,
+        Task::Run(run) => Box::pin(super::run::process(&shard, *run)).await,
         Task::DeadLetter { reason, lease } => {
             dead_letter(
                 &shard.ctx,

@@ -30,15 +30,27 @@ pub(crate) struct RunItem {
     pub received: Instant,
 }
 
-/// Runs `items` (consecutive messages of one key, of one assignment) to their end, counting
-/// in `finished` how many of them are, in order, for the shard.
-pub(super) async fn process(
-    shard: &ShardContext,
-    batched: &Batched,
-    items: Vec<RunItem>,
-    lease: Option<Lease>,
-    finished: Arc<AtomicUsize>,
-) -> Outcome {
+/// What a run's job holds.
+pub(crate) struct RunTask {
+    /// Consecutive messages of one key, of one assignment.
+    pub items: Vec<RunItem>,
+    /// The batch handler's gatherer.
+    pub batched: Arc<Batched>,
+    /// The source's lease, when it is held by one: no attempt starts once it ran out.
+    pub lease: Option<Lease>,
+    /// How many of the run are finished so far, in order, for the shard.
+    pub finished: Arc<AtomicUsize>,
+}
+
+/// Runs a run's messages to their end, counting in `finished` how many of them are.
+pub(super) async fn process(shard: &ShardContext, task: RunTask) -> Outcome {
+    let RunTask {
+        items,
+        batched,
+        lease,
+        finished,
+    } = task;
+    let batched = &*batched;
     let ctx = &*shard.ctx;
     let stats = &*shard.stats;
     let lane = |position_id| Lane {

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::inspect::{top_by, LaneView};
 use super::lane::{self, Job, Outcome, PositionId, ShardContext, Task};
-use super::run::RunItem;
+use super::run::{RunItem, RunTask};
 use super::spares::Spares;
 use super::tasks::{Ended, LaneTasks};
 use crate::message::Message;
@@ -127,6 +127,18 @@ pub(crate) struct Completion {
     pub seq: Seq,
 }
 
+impl Completion {
+    /// The completion of a message of `weight` bytes (saturated to `u32`).
+    fn of(slot: u32, weight: usize, epoch: u64, seq: Seq) -> Self {
+        Completion {
+            slot,
+            weight: u32::try_from(weight).unwrap_or(u32::MAX),
+            epoch,
+            seq,
+        }
+    }
+}
+
 /// What a shard tells the intake.
 pub(crate) enum ShardReport {
     /// Messages finished.
@@ -224,12 +236,7 @@ struct Follower {
 
 impl InFlight {
     fn completion(&self) -> Completion {
-        Completion {
-            slot: self.slot,
-            weight: u32::try_from(self.weight).unwrap_or(u32::MAX),
-            epoch: self.epoch,
-            seq: self.seq,
-        }
+        Completion::of(self.slot, self.weight, self.epoch, self.seq)
     }
 
     /// The first message of the job not finished yet: its sequence number and the message.
@@ -266,12 +273,12 @@ fn complete_run(pending: &mut Vec<Completion>, busy: &InFlight) {
         return;
     }
     pending.push(busy.completion());
-    pending.extend(run.followers.iter().take(done - 1).map(|f| Completion {
-        slot: f.slot,
-        weight: u32::try_from(f.weight).unwrap_or(u32::MAX),
-        epoch: busy.epoch,
-        seq: f.seq,
-    }));
+    pending.extend(
+        run.followers
+            .iter()
+            .take(done - 1)
+            .map(|f| Completion::of(f.slot, f.weight, busy.epoch, f.seq)),
+    );
 }
 
 /// A stuck message taken out of its run, to be dead-lettered.
@@ -441,12 +448,12 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
             seq: head.seq,
             weight: head.weight,
         };
-        let task = Task::Run {
+        let task = Task::Run(Box::new(RunTask {
             items,
             batched,
             lease: head.lease,
             finished: finished.clone(),
-        };
+        }));
         let mut in_flight = self.launch(launch, message, task);
         in_flight.run = Some(Box::new(Run { followers, finished }));
         in_flight
@@ -455,7 +462,8 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
     /// Starts `task` for `message` as the in-flight job of the lane of `launch.hash`.
     fn launch(&mut self, launch: Launch, message: Arc<Message>, task: Task) -> InFlight {
         let (lease, started) = match &task {
-            Task::Handle { lease, .. } | Task::Run { lease, .. } => (lease.clone(), Some(Instant::now())),
+            Task::Handle { lease, .. } => (lease.clone(), Some(Instant::now())),
+            Task::Run(run) => (run.lease.clone(), Some(Instant::now())),
             Task::DeadLetter { lease, .. } => (lease.clone(), None),
         };
         let job = Job {
