@@ -251,11 +251,31 @@ pub async fn a_frozen_member_handles_nothing_after_its_lease(url: &str, topic: &
     frozen.signal("CONT");
     // Time to wake up, find its leases gone and go on with whatever it still had.
     tokio::time::sleep(lease * 2).await;
-    assert_eq!(
-        frozen_log.lines().len(),
-        handled_before,
-        "the frozen member handled messages after its leases ran out"
-    );
+    let after = frozen_log.lines();
+    if after.len() != handled_before {
+        // One exception, at least once at work: the other member, starved on a loaded machine,
+        // lost leases of its own, and the thawed member took those partitions back on new leases
+        // and handled again what the other had not committed yet. Anything else — a message the
+        // other never handled, or no lease lost by the other — was started on a lease that ran
+        // out.
+        let others: HashSet<(String, u64)> = other_log.lines().into_iter().collect();
+        let extra = &after[handled_before.min(after.len())..];
+        let other_err = other.stderr();
+        let other_lost = other_err.contains("partitions lost") || other_err.contains("every lease is lost");
+        if other_lost && extra.iter().all(|line| others.contains(line)) {
+            println!(
+                "the other member lost leases under load; the thawed member took its partitions back and handled {} of its uncommitted messages again",
+                extra.len()
+            );
+        } else {
+            panic!(
+                "the frozen member handled {} messages after its leases ran out: {extra:?} (handled by the other too: {:?})\nits stderr:\n{}\nthe other's stderr:\n{other_err}",
+                extra.len(),
+                extra.iter().map(|line| others.contains(line)).collect::<Vec<_>>(),
+                frozen.stderr(),
+            );
+        }
+    }
     assert!(frozen.leave(), "the thawed member did not leave cleanly");
     assert!(other.leave());
     let lines: Vec<(String, u64)> = frozen_log.lines().into_iter().chain(other_log.lines()).collect();
