@@ -81,6 +81,22 @@ pub async fn read_stream(
     name: &str,
     idle: Duration,
 ) -> Result<Vec<Message>, TransportError> {
+    read_stream_to(config, name, End::Idle(idle)).await
+}
+
+/// Where reading a stream stops.
+pub(crate) enum End<'f> {
+    /// Once nothing arrived for this long.
+    Idle(Duration),
+    /// At the first message `fence` picks (not returned), which must arrive within `limit`.
+    Fence(&'f (dyn Fn(&Message) -> bool + Sync), Duration),
+}
+
+pub(crate) async fn read_stream_to(
+    config: &AmqpConfig,
+    name: &str,
+    end: End<'_>,
+) -> Result<Vec<Message>, TransportError> {
     let connection = connect(config, "read").await?;
     let result = async {
         let channel = connection
@@ -113,7 +129,21 @@ pub async fn read_stream(
             .map_err(|e| broker(&format!("reading {name}"), e))?;
         let source = SourceId::partition(name, 0);
         let mut messages = Vec::new();
-        while let Ok(Some(delivery)) = tokio::time::timeout(idle, consumer.next()).await {
+        let started = tokio::time::Instant::now();
+        loop {
+            let wait = match end {
+                End::Idle(idle) => idle,
+                End::Fence(_, limit) => limit.saturating_sub(started.elapsed()),
+            };
+            let delivery = match tokio::time::timeout(wait, consumer.next()).await {
+                Ok(Some(delivery)) => delivery,
+                _ if matches!(end, End::Idle(_)) => break,
+                _ => {
+                    return Err(TransportError::Unavailable(format!(
+                        "reading {name}: the end marker written before did not arrive within {wait:?}"
+                    )))
+                }
+            };
             let delivery = delivery.map_err(|e| broker(&format!("reading {name}"), e))?;
             let tag = delivery.delivery_tag;
             let offset = match delivery
@@ -133,11 +163,16 @@ pub async fn read_stream(
                 .filter(|(n, _)| *n != "x-stream-offset")
                 .map(|(n, v): (&str, &Bytes)| (n, v.clone()))
                 .collect();
-            messages.push(message);
             channel
                 .basic_ack(tag, BasicAckOptions { multiple: true })
                 .await
                 .map_err(|e| broker(&format!("reading {name}"), e))?;
+            if let End::Fence(fence, _) = end {
+                if fence(&message) {
+                    break;
+                }
+            }
+            messages.push(message);
         }
         Ok::<Vec<Message>, TransportError>(messages)
     }

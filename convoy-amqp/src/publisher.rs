@@ -45,9 +45,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
+use convoy_core::dead_letter::DL_CAUSE;
+use convoy_core::parking::CAUSE_END;
 use convoy_core::partitioner::partition_for_key;
 use convoy_core::{
-    BatchSender, DeadLetter, DeadLetterSink, OutgoingMessage, Receipt, SourceId, TransportError,
+    BatchSender, DeadLetter, DeadLetterSink, Headers, Message, OutgoingMessage, Receipt, SourceId,
+    TransportError,
 };
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
@@ -339,4 +343,40 @@ impl DeadLetterSink for AmqpDeadLetterSink {
         }
         result.map(|_| ())
     }
+
+    fn can_read_back(&self) -> bool {
+        true
+    }
+
+    /// A stream has no end to read to: an end marker (cause [`CAUSE_END`]) is published first,
+    /// confirmed, and the stream read until it — everything confirmed before is in front of it.
+    async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let end = format!("{}-{nanos}-{}", std::process::id(), SERIAL.fetch_add(1, Relaxed));
+        let mut headers = Headers::new();
+        headers.insert(DL_CAUSE, CAUSE_END);
+        let marker = OutgoingMessage {
+            key: Some(Bytes::from(end.clone())),
+            payload: Bytes::new(),
+            headers,
+        };
+        self.publisher.send_one(&marker).await?;
+        let is_end = |m: &Message| m.key.as_deref() == Some(end.as_bytes());
+        let records = crate::admin::read_stream_to(
+            &self.publisher.config,
+            &self.publisher.target,
+            crate::admin::End::Fence(&is_end, READ_BACK_LIMIT),
+        )
+        .await?;
+        Ok(records
+            .into_iter()
+            .filter(|m| m.headers.get_str(DL_CAUSE) != Some(CAUSE_END))
+            .collect())
+    }
 }
+
+/// Longest wait for a read-back's end marker.
+const READ_BACK_LIMIT: Duration = Duration::from_secs(30);

@@ -268,6 +268,14 @@ pub struct ConsumeArgs {
     /// lanes, back-pressure and drains at work.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub work_ms: u64,
+    /// A message whose payload contains this text fails with a terminal error (it is
+    /// dead-lettered): to try dead letters, parked keys and replays.
+    #[arg(long, value_name = "TEXT")]
+    pub fail_on: Option<String>,
+    /// Park a key whose message is dead-lettered: its later messages are set aside until
+    /// `convoy dlq replay --key` (the same as `park_keys = true` in `[engine]`).
+    #[arg(long)]
+    pub park_keys: bool,
 }
 
 /// What a stop drains.
@@ -282,7 +290,7 @@ pub enum DrainArg {
 /// `convoy dlq …`.
 #[derive(Subcommand, Debug)]
 pub enum DlqCommand {
-    /// Show dead letters with their reasons.
+    /// Show dead letters with their reasons, then the group's parked keys.
     List {
         /// Which ones.
         #[command(flatten)]
@@ -292,7 +300,9 @@ pub enum DlqCommand {
         json: bool,
     },
     /// Publish selected dead letters again to the topic they came from, with their original
-    /// key and headers, so they are handled after the cause is fixed.
+    /// key and headers, so they are handled after the cause is fixed. A parked key named with
+    /// --key is replayed whole (its failed and set-aside messages, in order) and unparked once
+    /// they are handled; other selections leave parked keys' messages alone.
     Replay {
         /// Which ones (at least one condition, or --all).
         #[command(flatten)]

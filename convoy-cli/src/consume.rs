@@ -53,29 +53,42 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         None => None,
     };
     let (quiet, work) = (args.quiet, Duration::from_millis(args.work_ms));
-    let handler = handler_fn(move |d: Delivery| async move {
-        if !work.is_zero() {
-            tokio::time::sleep(work).await;
+    let fail_on = std::sync::Arc::new(args.fail_on.clone().map(String::into_bytes));
+    let handler = handler_fn(move |d: Delivery| {
+        let fail_on = fail_on.clone();
+        async move {
+            if !work.is_zero() {
+                tokio::time::sleep(work).await;
+            }
+            if let Some(text) = fail_on.as_deref() {
+                if d.payload().windows(text.len().max(1)).any(|w| w == text) {
+                    return Err(HandlerError::terminal(format!(
+                        "the payload contains {:?} (--fail-on)",
+                        String::from_utf8_lossy(text)
+                    )));
+                }
+            }
+            if !quiet {
+                let payload = String::from_utf8_lossy(d.payload());
+                let preview: String = payload.chars().take(PREVIEW).collect();
+                println!(
+                    "{}@{} key={} attempt={} {}",
+                    d.source(),
+                    d.offset(),
+                    one_line(&d.message().key_display()),
+                    d.attempt(),
+                    one_line(&preview)
+                );
+            }
+            Ok::<(), HandlerError>(())
         }
-        if !quiet {
-            let payload = String::from_utf8_lossy(d.payload());
-            let preview: String = payload.chars().take(PREVIEW).collect();
-            println!(
-                "{}@{} key={} attempt={} {}",
-                d.source(),
-                d.offset(),
-                one_line(&d.message().key_display()),
-                d.attempt(),
-                one_line(&preview)
-            );
-        }
-        Ok::<(), HandlerError>(())
     });
     // The engine's defaults, then `[engine]` of --config and CONVOY_ENGINE_*, then the flags.
     let mut config = connection.engine_config().map_err(|e| e.to_string())?;
     if let Some(ms) = args.commit_interval_ms {
         config.commit_interval = Duration::from_millis(ms);
     }
+    config.park_keys |= args.park_keys;
     if let Some(max) = args.max_messages {
         config.max_messages = Some(max);
     }

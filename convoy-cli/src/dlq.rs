@@ -18,6 +18,9 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
             let records = dlq::list(&connection, &selection_of(selection))
                 .await
                 .map_err(|e| e.to_string())?;
+            let parked = dlq::parked(&connection).await.map_err(|e| e.to_string())?;
+            let mut parked: Vec<_> = parked.iter().collect();
+            parked.sort_by(|a, b| a.0.cmp(b.0));
             if json {
                 for r in &records {
                     println!(
@@ -25,13 +28,35 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
                         serde_json::to_string(&json_of(r)).map_err(|e| e.to_string())?
                     );
                 }
+                for (key, parking) in &parked {
+                    let line = serde_json::json!({
+                        "parked_key": String::from_utf8_lossy(key),
+                        "waiting": parking.pending(),
+                        "replay_under_way": parking.replaying().map(|r| &r.id),
+                    });
+                    println!("{line}");
+                }
             } else {
                 print_table(&records);
+                if !parked.is_empty() {
+                    println!("\nparked keys (group {}):", connection.endpoint().group);
+                    for (key, parking) in &parked {
+                        let under_way = parking.replaying().map_or_else(String::new, |r| {
+                            format!(", replay {} of {} under way", r.id, r.count)
+                        });
+                        println!(
+                            "  {}  {} waiting{under_way}",
+                            String::from_utf8_lossy(key),
+                            parking.pending()
+                        );
+                    }
+                }
             }
             eprintln!(
-                "{} dead letters in {}",
+                "{} dead letters in {}, {} keys parked",
                 records.len(),
-                connection.dlq_topic().map_err(|e| e.to_string())?
+                connection.dlq_topic().map_err(|e| e.to_string())?,
+                parked.len()
             );
         }
         DlqCommand::Replay {
@@ -43,31 +68,73 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
             if selection.is_empty() && !all {
                 return Err("select what to replay with --key, --reason or --offsets, or pass --all".into());
             }
-            let records = dlq::list(&connection, &selection_of(selection))
+            let parked = dlq::parked(&connection).await.map_err(|e| e.to_string())?;
+            // A parked key named by --key is replayed whole; other selections leave every
+            // parked key's messages alone (a part of one replayed out of order would break it).
+            let whole: Vec<String> = selection
+                .keys
+                .iter()
+                .filter(|k| parked.get(k.as_bytes()).is_some())
+                .cloned()
+                .collect();
+            let records: Vec<_> = dlq::list(&connection, &selection_of(selection))
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|r| r.message.key.as_ref().is_none_or(|k| parked.get(k).is_none()))
+                .collect();
             if dry_run {
                 print_table(&records);
-                eprintln!("dry run: would replay {} dead letters", records.len());
+                for key in &whole {
+                    let waiting = parked.get(key.as_bytes()).map_or(0, |p| p.pending());
+                    println!(
+                        "parked key {key}: would replay its {waiting} messages, in order, and unpark it"
+                    );
+                }
+                eprintln!(
+                    "dry run: would replay {} dead letters and {} parked keys",
+                    records.len(),
+                    whole.len()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            for key in &whole {
+                let replay = dlq::replay_parked(&connection, key.as_bytes())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                for (record, receipt) in replay.records.iter().zip(&replay.receipts) {
+                    print_replayed(record, receipt);
+                }
+                eprintln!(
+                    "replayed parked key {key}: {} messages in order (replay {}); it is unparked once they are handled",
+                    replay.records.len(),
+                    replay.id
+                );
+            }
+            if records.is_empty() && !whole.is_empty() {
                 return Ok(ExitCode::SUCCESS);
             }
             let receipts = dlq::replay(&connection, &records, to.as_deref())
                 .await
                 .map_err(|e| e.to_string())?;
             for (record, receipt) in records.iter().zip(&receipts) {
-                println!(
-                    "{}@{} key={} -> {}@{}",
-                    record.message.source,
-                    record.message.offset,
-                    record.message.key_display(),
-                    receipt.source,
-                    receipt.offset
-                );
+                print_replayed(&record.message, receipt);
             }
             eprintln!("replayed {} dead letters", receipts.len());
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn print_replayed(record: &convoy::Message, receipt: &convoy::Receipt) {
+    println!(
+        "{}@{} key={} -> {}@{}",
+        record.source,
+        record.offset,
+        record.key_display(),
+        receipt.source,
+        receipt.offset
+    );
 }
 
 fn selection_of(args: SelectionArgs) -> Selection {

@@ -263,6 +263,10 @@ pub struct EngineConfig {
     /// no more concurrent requests than this); `None`: one per active lane. Independent of
     /// back-pressure, which bounds what is held, not what runs.
     pub max_in_flight: Option<usize>,
+    /// Park a key whose message is dead-lettered: its later messages are set aside, in order,
+    /// to the dead-letter destination until the key is replayed (see
+    /// [`parking`](crate::parking)). Needs a dead-letter sink that reads back.
+    pub park_keys: bool,
 }
 
 impl Default for EngineConfig {
@@ -289,6 +293,7 @@ impl Default for EngineConfig {
             keyless: KeylessPolicy::PerSource,
             max_payload_bytes: None,
             max_in_flight: Some(1_024),
+            park_keys: false,
         }
     }
 }

@@ -28,6 +28,39 @@ pub const DL_SOURCE: &str = "convoy-dl-source";
 pub const DL_OFFSET: &str = "convoy-dl-offset";
 /// Header: the consumer group that gave up on it.
 pub const DL_GROUP: &str = "convoy-dl-group";
+/// Header on a replayed message: the dead letter it came from (`source@offset`).
+pub const REPLAYED_FROM: &str = "convoy-replayed-from";
+
+/// The message that replays the dead-letter `record` (as read from its destination): its
+/// original key, payload and headers, the reason headers removed, event id
+/// `<original id>/replay/<dead-letter position>` (an idempotency store that remembered the
+/// original lets it through; replaying the same dead letter twice is still caught) and a
+/// [`REPLAYED_FROM`] header.
+pub fn replay_message(record: &Message) -> OutgoingMessage {
+    let position = format!("{}@{}", record.source, record.offset);
+    let mut headers = Headers::new();
+    for (name, value) in record.headers.iter() {
+        if !name.starts_with("convoy-dl-") && name != crate::EVENT_ID_HEADER && name != crate::parking::REPLAY
+        {
+            headers.append(name, value.clone());
+        }
+    }
+    let original_id = record
+        .headers
+        .get_str(crate::EVENT_ID_HEADER)
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            let h = |name| record.headers.get_str(name).unwrap_or("?");
+            format!("{}@{}", h(DL_SOURCE), h(DL_OFFSET))
+        });
+    headers.insert(crate::EVENT_ID_HEADER, format!("{original_id}/replay/{position}"));
+    headers.insert(REPLAYED_FROM, position);
+    OutgoingMessage {
+        key: record.key.clone(),
+        payload: record.payload.clone(),
+        headers,
+    }
+}
 
 /// Why a message left its lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +75,15 @@ pub enum DeadLetterCause {
     RetriesExhausted,
     /// The message held the watermark back longer than the stuck-gap timeout.
     Stuck,
+    /// Set aside unhandled: its key is parked behind an earlier dead letter until replayed
+    /// (see [`parking`](crate::parking)).
+    Parked,
+    /// Not a message: the marker a replay of a parked key writes before it re-publishes the
+    /// key's records (see [`parking`](crate::parking)).
+    Replay,
+    /// Not a message: the marker an engine writes when the last message of a parked key's
+    /// replay is finished (see [`parking`](crate::parking)).
+    ReplayDone,
 }
 
 impl DeadLetterCause {
@@ -53,6 +95,9 @@ impl DeadLetterCause {
             DeadLetterCause::Panic => "panic",
             DeadLetterCause::RetriesExhausted => "retries-exhausted",
             DeadLetterCause::Stuck => "stuck",
+            DeadLetterCause::Parked => "parked",
+            DeadLetterCause::Replay => "replay",
+            DeadLetterCause::ReplayDone => "replay-done",
         }
     }
 }
@@ -80,6 +125,9 @@ pub struct DeadLetterReason {
     pub last_failure: SystemTime,
     /// The consumer group.
     pub group: String,
+    /// True when this dead letter parks its key (the group parks keys and the message has
+    /// one): written as [`DL_PARKS`](crate::parking::DL_PARKS).
+    pub parks_key: bool,
 }
 
 /// A message on its way to the dead-letter destination.
@@ -111,6 +159,9 @@ impl DeadLetter {
         h.insert(DL_SOURCE, self.message.source.to_string());
         h.insert(DL_OFFSET, self.message.offset.to_string());
         h.insert(DL_GROUP, r.group.clone());
+        if r.parks_key {
+            h.insert(crate::parking::DL_PARKS, "key");
+        }
         h
     }
 
@@ -130,12 +181,36 @@ impl DeadLetter {
 pub trait DeadLetterSink: Send + Sync + 'static {
     /// Publishes one dead letter, confirmed.
     async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError>;
+
+    /// True if [`read_back`](Self::read_back) works: an engine that parks keys needs it (and
+    /// refuses a sink without it when built).
+    fn can_read_back(&self) -> bool {
+        false
+    }
+
+    /// Every record the destination holds, in order per key (what an engine that parks keys
+    /// derives them from, see [`parking`](crate::parking)). Sinks that cannot read their
+    /// destination keep this default.
+    async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+        Err(TransportError::broker(
+            "reading dead letters back",
+            "this dead-letter sink cannot read its destination: use the transport's own sink",
+        ))
+    }
 }
 
 #[async_trait]
 impl<S: DeadLetterSink + ?Sized> DeadLetterSink for std::sync::Arc<S> {
     async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
         (**self).publish(dead_letter).await
+    }
+
+    fn can_read_back(&self) -> bool {
+        (**self).can_read_back()
+    }
+
+    async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+        (**self).read_back().await
     }
 }
 
@@ -166,6 +241,7 @@ mod tests {
                 first_failure: UNIX_EPOCH + std::time::Duration::from_millis(1_000),
                 last_failure: UNIX_EPOCH + std::time::Duration::from_millis(9_000),
                 group: "billing".into(),
+                parks_key: false,
             },
         };
         let out = dl.to_outgoing();

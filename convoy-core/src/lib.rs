@@ -15,6 +15,7 @@
 //! - [`batch`]: batch handlers, one call for the heads of many keys;
 //! - [`retry`]: backoff, jitter and limits for in-lane retry;
 //! - [`dead_letter`]: sinks and the reason headers;
+//! - [`parking`]: parked keys, folded from the dead-letter destination, and their replays;
 //! - [`watermark`]: the contiguous watermark per source;
 //! - [`offset_map`]: the finished offsets above a watermark, as text a broker stores beside it;
 //! - [`backpressure`]: the high/low water gate;
@@ -34,6 +35,7 @@ pub mod idempotency;
 pub mod message;
 pub mod metrics;
 pub mod offset_map;
+pub mod parking;
 pub mod partitioner;
 pub mod retry;
 pub mod trace_context;

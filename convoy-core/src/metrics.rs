@@ -9,7 +9,7 @@ use crate::message::SourceId;
 
 /// Messages received from the transport.
 pub const CONSUMED: &str = "convoy_consumed_total";
-/// Messages finished, labelled `outcome` = `handled` | `dead_lettered` | `duplicate`.
+/// Messages finished, labelled `outcome` = `handled` | `dead_lettered` | `duplicate` | `parked`.
 pub const HANDLED: &str = "convoy_handled_total";
 /// Transient failures that were retried.
 pub const RETRIES: &str = "convoy_retries_total";
@@ -44,6 +44,8 @@ pub const STUCK: &str = "convoy_stuck_total";
 
 /// Messages per call of a batch handler (`batch::batched`).
 pub const BATCH_MESSAGES: &str = "convoy_batch_messages";
+/// Gauge: keys parked now (their later messages set aside until replayed), by group.
+pub const PARKED_KEYS: &str = "convoy_parked_keys";
 
 /// Gives every metric its help text and unit (once per process): exporters print them
 /// (Prometheus's `# HELP`). Called when an engine registers its handles.
@@ -86,6 +88,7 @@ pub fn describe() {
             "Sources assigned, revoked (handed over after a drain) or lost (taken without one), by change: rebalances."
         );
         describe_histogram!(BATCH_MESSAGES, Unit::Count, "Messages per call of a batch handler.");
+        describe_gauge!(PARKED_KEYS, Unit::Count, "Keys parked now: their later messages are set aside until an operator replays them.");
         describe_counter!(COMMIT_FAILURES, Unit::Count, "Commits the broker refused or did not confirm in time (retried).");
         describe_counter!(
             STUCK,
@@ -100,6 +103,8 @@ pub(crate) struct LaneMetrics {
     pub handled: Counter,
     pub duplicates: Counter,
     pub dead_lettered: Counter,
+    /// Messages set aside behind a dead letter of their key.
+    pub parked: Counter,
     pub retries: Counter,
     pub sink_failures: Counter,
     /// Messages a shard found stuck in their lane (the intake counts stuck watermark heads).
@@ -118,6 +123,7 @@ impl LaneMetrics {
             },
             duplicates: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "duplicate"),
             dead_lettered: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "dead_lettered"),
+            parked: metrics::counter!(HANDLED, "group" => g.clone(), "outcome" => "parked"),
             retries: metrics::counter!(RETRIES, "group" => g.clone()),
             sink_failures: metrics::counter!(DEAD_LETTER_SINK_FAILURES, "group" => g.clone()),
             stuck: metrics::counter!(STUCK, "group" => g.clone()),

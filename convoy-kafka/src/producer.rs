@@ -5,7 +5,9 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use convoy_core::{BatchSender, DeadLetter, DeadLetterSink, OutgoingMessage, Receipt, TransportError};
+use convoy_core::{
+    BatchSender, DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, TransportError,
+};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
@@ -134,6 +136,7 @@ impl BatchSender for KafkaPublisher {
 #[derive(Clone)]
 pub struct KafkaDeadLetterSink {
     publisher: KafkaPublisher,
+    config: KafkaConfig,
 }
 
 impl KafkaDeadLetterSink {
@@ -141,6 +144,7 @@ impl KafkaDeadLetterSink {
     pub fn new(config: &KafkaConfig) -> Result<Self, TransportError> {
         Ok(KafkaDeadLetterSink {
             publisher: KafkaPublisher::new(config, config.dlq_topic())?,
+            config: config.clone(),
         })
     }
 }
@@ -153,4 +157,17 @@ impl DeadLetterSink for KafkaDeadLetterSink {
             .await
             .map(|_| ())
     }
+
+    fn can_read_back(&self) -> bool {
+        true
+    }
+
+    /// The topic up to the end each partition had when reading began.
+    async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+        crate::admin::read_topic(&self.config, &self.config.dlq_topic(), READ_BACK_STALL).await
+    }
 }
+
+/// Reading the dead-letter topic back gives up when no record arrived for this long before its
+/// end (and the engine tries again).
+const READ_BACK_STALL: Duration = Duration::from_secs(10);

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use convoy_core::{
-    Commit, DeadLetter, DeadLetterSink, Offset, OutgoingMessage, PrefetchLimit, Publisher, Receipt,
+    Commit, DeadLetter, DeadLetterSink, Message, Offset, OutgoingMessage, PrefetchLimit, Publisher, Receipt,
     SourceControl, SourceId, Subscription, Transport, TransportError,
 };
 
@@ -154,5 +154,13 @@ impl DeadLetterSink for MemoryDeadLetterSink {
         self.broker
             .publish(&self.topic, dead_letter.to_outgoing())
             .map(|_| ())
+    }
+
+    fn can_read_back(&self) -> bool {
+        true
+    }
+
+    async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+        Ok(self.broker.read_all(&self.topic))
     }
 }

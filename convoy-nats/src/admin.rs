@@ -69,7 +69,7 @@ pub async fn read_stream(config: &NatsConfig, topic: &str) -> Result<Vec<Message
     read_with(&connected, topic).await
 }
 
-async fn read_with(connected: &Connected, topic: &str) -> Result<Vec<Message>, TransportError> {
+pub(crate) async fn read_with(connected: &Connected, topic: &str) -> Result<Vec<Message>, TransportError> {
     let name = topology::stream_name(topic);
     let stream = match connected.js.get_stream(&name).await {
         Ok(stream) => stream,

@@ -43,7 +43,7 @@ use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_trait::async_trait;
 use convoy_core::partitioner::partition_for_key;
 use convoy_core::{
-    BatchSender, DeadLetter, DeadLetterSink, OutgoingMessage, Receipt, SourceId, TransportError,
+    BatchSender, DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, SourceId, TransportError,
     EVENT_ID_HEADER,
 };
 use tokio::sync::OnceCell;
@@ -245,5 +245,15 @@ impl DeadLetterSink for NatsDeadLetterSink {
             }
         }
         result.map(|_| ())
+    }
+
+    fn can_read_back(&self) -> bool {
+        true
+    }
+
+    /// The stream up to the last message it held when reading began.
+    async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+        let connected = self.publisher.connection().await?;
+        crate::admin::read_with(connected, &self.publisher.target).await
     }
 }

@@ -22,6 +22,7 @@ use convoy_core::{
 };
 
 use crate::checker::{CheckReport, OrderChecker};
+pub use crate::parking::parked_key_waits_for_its_replay;
 use crate::probe::{
     self, decode_seq, probe_key, BatchLog, BatchProbe, FaultPlan, Latency, ProbeHandler, RecordingSink,
 };
@@ -138,6 +139,7 @@ macro_rules! conformance_tests {
             batch_handler_keeps_order_and_results_per_message,
             poison_input_dead_letters_with_reasons,
             newest_offsets_cover_what_was_received,
+            parked_key_waits_for_its_replay,
         );
     };
     (@cases $target:expr; $($case:ident),* $(,)?) => {
@@ -171,7 +173,7 @@ pub fn test_config(group: &str) -> EngineConfig {
     config
 }
 
-async fn bed(target: &dyn ConformanceTarget, partitions: u32) -> Box<dyn TestBed> {
+pub(crate) async fn bed(target: &dyn ConformanceTarget, partitions: u32) -> Box<dyn TestBed> {
     match target.bed(partitions).await {
         Ok(bed) => bed,
         Err(e) => panic!("the target could not make a test bed: {e}"),

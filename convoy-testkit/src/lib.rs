@@ -12,6 +12,7 @@
 //! - [`nodes`]: private broker processes (NATS, RabbitMQ, Kafka; single nodes and clusters) for
 //!   the tests that crash and restart them;
 //! - [`ownership`]: scenarios for transports whose members balance partitions themselves;
+//! - [`parking`]: the conformance case of parked keys (set aside across a restart, replayed in order);
 //! - [`proxy`]: a TCP proxy that cuts or silently stalls a client's connections to its broker;
 //! - [`restarts`]: a broker killed and restarted twice under load, nothing lost;
 //! - [`scenario`]: the benchmark scenario runner (load, latency histogram, order check, baseline);
@@ -26,6 +27,7 @@ pub mod interop;
 pub mod memory;
 pub mod nodes;
 pub mod ownership;
+pub mod parking;
 pub mod probe;
 pub mod proxy;
 pub mod restarts;

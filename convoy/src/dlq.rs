@@ -6,20 +6,24 @@
 //! already had. Its event id becomes `<original id>/replay/<dead-letter position>`: an
 //! idempotency store that remembered the original (dead-lettered messages count as finished)
 //! lets the replay through, and replaying the same dead letter twice is still caught.
+//!
+//! A *parked* key (see [`convoy_core::parking`]) is replayed whole, by [`replay_parked`]: its
+//! failed and set-aside messages in its original order, behind a replay marker that tells the
+//! engine to handle them — and only them — until the last one unparks the key.
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 use convoy_core::dead_letter::{
-    DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
+    replay_message, DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
-use convoy_core::{Headers, Message, OutgoingMessage, Receipt, EVENT_ID_HEADER};
+use convoy_core::parking::{self, KeyReplay, ParkedKeys};
+use convoy_core::{ConfigError, Message, OutgoingMessage, Receipt, TransportError};
 
 use crate::connection::Connection;
 use crate::error::ConnectError;
 
-/// Header on a replayed message: the dead letter it came from (`source@offset`).
-pub const REPLAYED_FROM: &str = "convoy-replayed-from";
+pub use convoy_core::dead_letter::REPLAYED_FROM;
 
 /// A message read from a dead-letter topic, with its reason decoded.
 #[derive(Clone, Debug)]
@@ -67,34 +71,7 @@ impl DeadLetterRecord {
     /// The message to publish again: original key, payload and headers, reason headers
     /// removed, a replay event id and a [`REPLAYED_FROM`] header.
     pub fn to_replay(&self) -> OutgoingMessage {
-        let position = format!("{}@{}", self.message.source, self.message.offset);
-        let mut headers = Headers::new();
-        for (name, value) in self.message.headers.iter() {
-            if !name.starts_with("convoy-dl-") && name != EVENT_ID_HEADER {
-                headers.append(name, value.clone());
-            }
-        }
-        let original_id = self
-            .message
-            .headers
-            .get_str(EVENT_ID_HEADER)
-            .map_or_else(|| self.original_position(), str::to_owned);
-        headers.insert(EVENT_ID_HEADER, format!("{original_id}/replay/{position}"));
-        headers.insert(REPLAYED_FROM, position);
-        OutgoingMessage {
-            key: self.message.key.clone(),
-            payload: self.message.payload.clone(),
-            headers,
-        }
-    }
-
-    fn original_position(&self) -> String {
-        format!(
-            "{}@{}",
-            self.original_source.as_deref().unwrap_or("?"),
-            self.original_offset
-                .map_or_else(|| "?".to_owned(), |o| o.to_string())
-        )
+        replay_message(&self.message)
     }
 }
 
@@ -144,7 +121,8 @@ pub fn parse_offsets(text: &str) -> Result<RangeInclusive<u64>, String> {
     }
 }
 
-/// The dead letters in `connection`'s dead-letter topic that `selection` picks.
+/// The dead letters in `connection`'s dead-letter topic that `selection` picks (the markers
+/// of parked keys' replays left out).
 pub async fn list(
     connection: &Connection,
     selection: &Selection,
@@ -154,9 +132,50 @@ pub async fn list(
         .read_topic(&topic)
         .await?
         .into_iter()
+        .filter(|m| !parking::is_marker(m))
         .map(DeadLetterRecord::from_message)
         .filter(|r| selection.matches(r))
         .collect())
+}
+
+/// The keys parked in `connection`'s consumer group, as its dead-letter topic records them.
+pub async fn parked(connection: &Connection) -> Result<ParkedKeys, ConnectError> {
+    let records = connection.read_topic(&connection.dlq_topic()?).await?;
+    Ok(ParkedKeys::read(&connection.endpoint().group, &records))
+}
+
+/// Replays parked key `key` of `connection`'s group ([`parking::replay_key`]): its failed and
+/// set-aside messages, in its original order, each to the topic it came from; the engine
+/// unparks the key once the last one is handled.
+pub async fn replay_parked(connection: &Connection, key: &[u8]) -> Result<KeyReplay, ConnectError> {
+    let group = connection.endpoint().group.clone();
+    let sink = connection.dead_letter_sink()?;
+    let publisher = |topic: &str| {
+        connection
+            .publisher(topic)
+            .map_err(|e| TransportError::broker(format!("publishing to {topic}"), e))
+    };
+    parking::replay_key(&group, key, &*sink, &publisher)
+        .await
+        .map_err(|e| match e {
+            parking::ReplayError::Transport(e) => ConnectError::from(e),
+            refused => ConfigError::invalid("key", refused.to_string()).into(),
+        })
+}
+
+/// Where `record` is replayed to: `to`, or else the topic it came from.
+fn target_topic(record: &DeadLetterRecord, to: Option<&str>) -> Result<String, ConnectError> {
+    match to.or(record.original_topic()) {
+        Some(t) => Ok(t.to_owned()),
+        None => Err(ConfigError::invalid(
+            "to",
+            format!(
+                "the dead letter at offset {} does not say where it came from (no {DL_SOURCE} header): name the topic to replay to",
+                record.message.offset
+            ),
+        )
+        .into()),
+    }
 }
 
 /// Publishes `records` again, in the order given, each to `to` or else the topic it came from.
@@ -168,19 +187,7 @@ pub async fn replay(
     // One publisher per target topic; order within a topic is the order given.
     let mut by_topic: BTreeMap<String, Vec<OutgoingMessage>> = BTreeMap::new();
     for record in records {
-        let topic = match to.or(record.original_topic()) {
-            Some(t) => t.to_owned(),
-            None => {
-                return Err(convoy_core::ConfigError::invalid(
-                    "to",
-                    format!(
-                        "the dead letter at offset {} does not say where it came from (no {DL_SOURCE} header): name the topic to replay to",
-                        record.message.offset
-                    ),
-                )
-                .into())
-            }
-        };
+        let topic = target_topic(record, to)?;
         by_topic.entry(topic).or_default().push(record.to_replay());
     }
     let mut receipts = Vec::new();
@@ -193,7 +200,7 @@ pub async fn replay(
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use convoy_core::SourceId;
+    use convoy_core::{Headers, SourceId, EVENT_ID_HEADER};
 
     use super::*;
 

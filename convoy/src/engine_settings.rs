@@ -151,6 +151,8 @@ pub struct EngineSettings {
     pub keyless: Option<KeylessSetting>,
     /// Dead-letter larger payloads unhandled (bytes).
     pub max_payload_bytes: Option<usize>,
+    /// Park a key whose message is dead-lettered until it is replayed.
+    pub park_keys: Option<bool>,
     /// `[engine.retry]`.
     #[serde(default)]
     pub retry: RetrySettings,
@@ -195,7 +197,8 @@ impl EngineSettings {
                 commit_timeout_ms,
                 max_messages,
                 keyless,
-                max_payload_bytes
+                max_payload_bytes,
+                park_keys
             ]
         );
         over_fields!(
@@ -254,6 +257,7 @@ impl EngineSettings {
             KeylessSetting::DeadLetter => KeylessPolicy::DeadLetter,
         });
         set(&mut config.max_payload_bytes, self.max_payload_bytes, Some);
+        set(&mut config.park_keys, self.park_keys, |p| p);
         let r = &self.retry;
         let retry = &mut config.retry;
         set(&mut retry.max_attempts, r.max_attempts, |n| (n > 0).then_some(n));
@@ -302,7 +306,9 @@ impl EngineSettings {
                 _ => (None, field),
             };
             let value = value.trim();
-            let parsed = if let Ok(n) = value.parse::<i64>() {
+            let parsed = if let Ok(b) = value.parse::<bool>() {
+                toml::Value::Boolean(b)
+            } else if let Ok(n) = value.parse::<i64>() {
                 toml::Value::Integer(n)
             } else if let Ok(f) = value.parse::<f64>() {
                 toml::Value::Float(f)
@@ -360,6 +366,7 @@ mod tests {
             ("CONVOY_ENGINE_RETRY_FACTOR", "1.5"),
             ("CONVOY_ENGINE_BACK_PRESSURE_TOTAL_HIGH", "900"),
             ("CONVOY_ENGINE_DRAIN", "in-flight"),
+            ("CONVOY_ENGINE_PARK_KEYS", "true"),
             ("CONVOY_URL", "ignored here"),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
@@ -368,6 +375,7 @@ mod tests {
         assert_eq!(settings.retry.factor, Some(1.5));
         assert_eq!(settings.back_pressure.total_high, Some(900));
         assert_eq!(settings.drain, Some(DrainSetting::InFlight));
+        assert_eq!(settings.park_keys, Some(true));
 
         let unknown =
             EngineSettings::from_vars([("CONVOY_ENGINE_MAX_INFLIGHT".into(), "8".into())]).unwrap_err();

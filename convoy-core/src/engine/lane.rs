@@ -14,13 +14,16 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::{field, Instrument};
 
+use super::parking::{Gate, Parking};
 use super::slots::CallSlots;
 use super::stats::ShardStats;
 use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 use crate::handler::{Delivery, ErrorClass, Handler, HandlerError};
 use crate::idempotency::{Idempotency, IdempotencyStore, MemoryIdempotencyStore};
+use crate::message::Headers;
 use crate::message::{EventId, IdRef, Message};
 use crate::metrics::LaneMetrics;
+use crate::parking::{ParkingChange, ReplayTag, DL_PARK_ID, REPLAY};
 use crate::retry::{Backoff, OnExhausted, RetryPolicy};
 use crate::trace_context::TraceContext;
 use crate::transport::{Lease, TransportError};
@@ -40,10 +43,13 @@ pub(crate) struct LaneContext {
     pub metrics: LaneMetrics,
     /// A batch handler's gatherer, when its runs hold several messages of a key (see `run.rs`).
     pub runs: Option<Arc<crate::batch::Batched>>,
+    /// The group's parked keys, when it parks them (one view per running engine).
+    pub parking: Option<Arc<Parking>>,
 }
 
 impl LaneContext {
-    /// The same context for consumer group `group` (its dead-letter reasons and metrics).
+    /// The same context for consumer group `group` (its dead-letter reasons and metrics, a
+    /// view of its parked keys of its own).
     pub fn in_group(&self, group: &str) -> LaneContext {
         LaneContext {
             handler: self.handler.clone(),
@@ -56,6 +62,7 @@ impl LaneContext {
             group: group.to_owned(),
             metrics: LaneMetrics::new(group),
             runs: self.runs.clone(),
+            parking: self.parking.as_ref().map(|_| Arc::new(Parking::new(group))),
         }
     }
 }
@@ -66,6 +73,8 @@ pub(crate) enum Outcome {
     Handled,
     Duplicate,
     DeadLettered,
+    /// Set aside behind a dead letter of its key (recorded in the dead-letter destination).
+    Parked,
     /// Not finished, and never will be by this engine: the dead-letter sink failed fatally.
     Fatal(TransportError),
     /// Not finished: the source's lease ran out before an attempt could start (the source is
@@ -189,6 +198,7 @@ pub(crate) async fn run(job: Job) -> Outcome {
                 &shard.ctx,
                 &shard.stats,
                 &message,
+                PositionId::None,
                 *reason,
                 lease.as_ref(),
                 &mut fastrand::Rng::new(),
@@ -198,7 +208,7 @@ pub(crate) async fn run(job: Job) -> Outcome {
     }
 }
 
-async fn process(
+pub(super) async fn process(
     shard: &ShardContext,
     message: Arc<Message>,
     position_id: PositionId,
@@ -334,10 +344,115 @@ impl Lane<'_> {
         received: Instant,
         span: tracing::Span,
     ) -> Outcome {
-        let (ctx, stats) = (self.ctx, &*self.shard.stats);
         if self.fenced() {
             return Outcome::Fenced;
         }
+        if let Some(parking) = &self.ctx.parking {
+            match parking.gate(&message, park_id(&message, self.position_id).as_deref(), false) {
+                Gate::Free => {}
+                gate => return Box::pin(self.parked(parking, gate, message, received, span)).await,
+            }
+        }
+        self.handle_free(message, received, span).await
+    }
+
+    /// A message of a parked key (a rare path, boxed): set aside, or handled as part of its
+    /// key's replay, whose last message ends it.
+    async fn parked(
+        &self,
+        parking: &Parking,
+        mut gate: Gate,
+        message: Arc<Message>,
+        received: Instant,
+        span: tracing::Span,
+    ) -> Outcome {
+        if gate == Gate::ReadBack {
+            parking.read_back(&*self.ctx.sink).await;
+            gate = parking.gate(&message, park_id(&message, self.position_id).as_deref(), true);
+        }
+        match gate {
+            Gate::Free => self.handle_free(message, received, span).await,
+            Gate::Replay(tag) => {
+                let outcome = self.handle_free(message.clone(), received, span).await;
+                if !tag.is_last() || matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced) {
+                    return outcome;
+                }
+                match self.end_replay(&message, &tag).await {
+                    Ok(()) => outcome,
+                    Err(unfinished) => unfinished,
+                }
+            }
+            Gate::AlreadySetAside => {
+                tracing::debug!("set aside before: its key is parked");
+                Outcome::Parked
+            }
+            Gate::SetAside | Gate::ReadBack => {
+                let id = Remembered::of(self.ctx.idempotency.as_ref(), &message);
+                let now = SystemTime::now();
+                let reason = DeadLetterReason {
+                    cause: DeadLetterCause::Parked,
+                    error_class: "parked".to_owned(),
+                    error: "its key is parked behind an earlier dead letter: replay the key (convoy dlq replay --key) to handle it".to_owned(),
+                    attempts: 0,
+                    first_failure: now,
+                    last_failure: now,
+                    group: self.ctx.group.clone(),
+                    parks_key: false,
+                };
+                let mut rng = fastrand::Rng::new();
+                let outcome = dead_letter(
+                    self.ctx,
+                    &self.shard.stats,
+                    &message,
+                    self.position_id,
+                    reason,
+                    self.lease,
+                    &mut rng,
+                )
+                .await;
+                remember(id, self.position_id, &outcome).await;
+                outcome
+            }
+        }
+    }
+
+    /// Writes the marker that ends the key's replay `tag`, before the replay's last message
+    /// is finished (a crash before its commit writes it again).
+    async fn end_replay(&self, message: &Message, tag: &ReplayTag) -> Result<(), Outcome> {
+        let mut headers = Headers::new();
+        headers.insert(REPLAY, tag.header_value());
+        let now = SystemTime::now();
+        let marker = DeadLetter {
+            message: Message {
+                key: message.key.clone(),
+                payload: bytes::Bytes::new(),
+                headers,
+                source: message.source.clone(),
+                offset: message.offset,
+            },
+            reason: DeadLetterReason {
+                cause: DeadLetterCause::ReplayDone,
+                error_class: String::new(),
+                error: format!("replay {} ended", tag.id),
+                attempts: 0,
+                first_failure: now,
+                last_failure: now,
+                group: self.ctx.group.clone(),
+                parks_key: false,
+            },
+        };
+        publish_record(self.ctx, &marker, self.lease, &mut fastrand::Rng::new()).await?;
+        if let (Some(parking), Some(key)) = (&self.ctx.parking, message.key.clone()) {
+            parking.record(key, ParkingChange::ReplayDone(tag.id.clone()));
+        }
+        tracing::info!(replay = %tag.id, "the replay of a parked key ended");
+        Ok(())
+    }
+
+    /// A message whose key is not parked (or one of its key's replay): the duplicate check,
+    /// the attempts, the dead letter.
+    async fn handle_free(&self, message: Arc<Message>, received: Instant, span: tracing::Span) -> Outcome {
+        let (ctx, stats) = (self.ctx, &*self.shard.stats);
         let id = Remembered::of(ctx.idempotency.as_ref(), &message);
         if id.seen(self.position_id).await {
             tracing::debug!(event_id = %id, "skipping duplicate");
@@ -375,6 +490,7 @@ impl Lane<'_> {
             self.ctx,
             &self.shard.stats,
             message,
+            self.position_id,
             reason,
             self.lease,
             &mut fastrand::Rng::new(),
@@ -441,7 +557,16 @@ impl Lane<'_> {
             let failed_attempt = retries.attempt;
             match retries.next(self, &failure, now, &mut rng) {
                 Next::DeadLetter(reason) => {
-                    return dead_letter(ctx, stats, message, reason, self.lease, &mut rng).await
+                    return dead_letter(
+                        ctx,
+                        stats,
+                        message,
+                        self.position_id,
+                        reason,
+                        self.lease,
+                        &mut rng,
+                    )
+                    .await
                 }
                 Next::Retry(delay) => {
                     retrying.attempt(failed_attempt, &failure.text);
@@ -651,6 +776,7 @@ fn reason(
         first_failure: first,
         last_failure: last,
         group: ctx.group.clone(),
+        parks_key: false,
     }
 }
 
@@ -665,6 +791,7 @@ pub(crate) fn stuck_reason(ctx: &LaneContext, waited: Duration) -> DeadLetterRea
         first_failure: now,
         last_failure: now,
         group: ctx.group.clone(),
+        parks_key: false,
     }
 }
 
@@ -674,11 +801,20 @@ pub(crate) fn dead_letter<'a>(
     ctx: &'a LaneContext,
     stats: &'a ShardStats,
     message: &'a Message,
+    position_id: PositionId,
     reason: DeadLetterReason,
     lease: Option<&'a Lease>,
     rng: &'a mut fastrand::Rng,
 ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>> {
-    Box::pin(publish_dead_letter(ctx, stats, message, reason, lease, rng))
+    Box::pin(publish_dead_letter(
+        ctx,
+        stats,
+        message,
+        position_id,
+        reason,
+        lease,
+        rng,
+    ))
 }
 
 /// Publishes a dead letter, retrying the sink with backoff — unless the source's `lease` ran
@@ -689,28 +825,73 @@ async fn publish_dead_letter(
     ctx: &LaneContext,
     stats: &ShardStats,
     message: &Message,
-    reason: DeadLetterReason,
+    position_id: PositionId,
+    mut reason: DeadLetterReason,
     lease: Option<&Lease>,
     rng: &mut fastrand::Rng,
 ) -> Outcome {
     let cause = reason.cause;
-    let dead_letter = DeadLetter {
+    let parks = ctx.parking.is_some() && message.key.is_some();
+    reason.parks_key = parks && cause != DeadLetterCause::Parked;
+    let mut dead_letter = DeadLetter {
         message: message.clone(),
         reason,
     };
+    let id = park_id(message, position_id).filter(|_| parks);
+    if let Some(id) = &id {
+        dead_letter.message.headers.insert(DL_PARK_ID, id.clone());
+    }
+    if let Err(unfinished) = publish_record(ctx, &dead_letter, lease, rng).await {
+        return unfinished;
+    }
+    if let Some(parking) = ctx.parking.as_ref().filter(|_| parks) {
+        parking.set_aside(message, id);
+    }
+    if cause == DeadLetterCause::Parked {
+        stats.parked.fetch_add(1, Relaxed);
+        ctx.metrics.parked.increment(1);
+        return Outcome::Parked;
+    }
+    stats.dead_lettered.fetch_add(1, Relaxed);
+    ctx.metrics.dead_lettered.increment(1);
+    ctx.metrics.dead_letter_cause(&ctx.group, cause.as_str());
+    Outcome::DeadLettered
+}
+
+/// What a message of a parked key is known by: its event id, or where it was read when offsets
+/// are positions (a delivery tag, or an offset rewritten after a reset, names nothing).
+pub(super) fn park_id(message: &Message, position_id: PositionId) -> Option<String> {
+    match message.headers.get_str(crate::EVENT_ID_HEADER) {
+        Some(id) => Some(id.to_owned()),
+        None => {
+            (position_id == PositionId::Checked).then(|| format!("{}@{}", message.source, message.offset))
+        }
+    }
+}
+
+/// Publishes `record` to the dead-letter sink, retrying with backoff until it confirms. `Err`
+/// with the message's outcome (unfinished) when the source's lease ran out or the sink failed
+/// fatally.
+async fn publish_record(
+    ctx: &LaneContext,
+    record: &DeadLetter,
+    lease: Option<&Lease>,
+    rng: &mut fastrand::Rng,
+) -> Result<(), Outcome> {
+    let message = &record.message;
     let fenced = || lease.is_some_and(|l| !l.is_valid());
     let mut failures = 0u32;
     loop {
         if fenced() {
             tracing::warn!(source = %message.source, offset = message.offset, "not dead-lettering: the source's lease ran out (its next owner handles the message)");
-            return Outcome::Fenced;
+            return Err(Outcome::Fenced);
         }
-        let Err(e) = (*ctx.sink).publish(&dead_letter).await else {
-            break;
+        let Err(e) = (*ctx.sink).publish(record).await else {
+            return Ok(());
         };
         if e.is_fatal() {
             tracing::error!(error = %e, "dead-letter sink failed fatally; the engine stops (the message is kept: it stays uncommitted)");
-            return Outcome::Fatal(e);
+            return Err(Outcome::Fatal(e));
         }
         failures = failures.saturating_add(1);
         ctx.metrics.sink_failures.increment(1);
@@ -718,8 +899,4 @@ async fn publish_dead_letter(
         tracing::error!(error = %e, failures, ?delay, "dead-letter sink failed; the lane waits and retries (the message is kept)");
         tokio::time::sleep(delay).await;
     }
-    stats.dead_lettered.fetch_add(1, Relaxed);
-    ctx.metrics.dead_lettered.increment(1);
-    ctx.metrics.dead_letter_cause(&ctx.group, cause.as_str());
-    Outcome::DeadLettered
 }

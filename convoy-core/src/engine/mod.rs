@@ -10,6 +10,7 @@
 mod inspect;
 mod intake;
 mod lane;
+mod parking;
 mod run;
 mod shard;
 mod slots;
@@ -28,6 +29,7 @@ pub use stats::StatsSnapshot;
 
 use self::intake::{Intake, IntakeParts};
 use self::lane::{LaneContext, ShardContext};
+use self::parking::Parking;
 use self::shard::{BatchSpares, Shard};
 use self::slots::CallSlots;
 use self::stats::EngineStats;
@@ -126,6 +128,12 @@ impl EngineBuilder {
                 "required: give the engine a sink (e.g. the transport's dead-letter sink) so failed messages are kept, never dropped",
             )
         })?;
+        if self.config.park_keys && !sink.can_read_back() {
+            return Err(ConfigError::invalid(
+                "park_keys",
+                "needs a dead-letter sink that reads its destination back (parked keys are kept there): use the transport's own sink",
+            ));
+        }
         Ok(Engine {
             context: Arc::new(LaneContext {
                 handler: self.handler,
@@ -139,6 +147,10 @@ impl EngineBuilder {
                 group: self.config.group_or_default().to_owned(),
                 // Runs of one message are the lane's single path, through `handler`.
                 runs: self.batched.filter(|b| b.config().per_key > 1),
+                parking: self
+                    .config
+                    .park_keys
+                    .then(|| Arc::new(Parking::new(self.config.group_or_default()))),
             }),
             config: self.config,
         })
@@ -209,18 +221,13 @@ impl Engine {
 
     /// As [`spawn`](Self::spawn), in consumer group `group` when the configuration names none.
     fn spawn_in(&self, subscription: Subscription, group: Option<String>) -> EngineHandle {
-        let (config, context) = match group {
-            Some(group) => {
-                let mut config = self.config.clone();
-                config.group = group;
-                let context = Arc::new(self.context.in_group(&config.group));
-                (config, context)
-            }
-            None => {
-                let mut config = self.config.clone();
-                config.group = config.group_or_default().to_owned();
-                (config, self.context.clone())
-            }
+        let mut config = self.config.clone();
+        config.group = group.unwrap_or_else(|| config.group_or_default().to_owned());
+        // A group of its own, or parked keys: a context of its own (each run reads its group's
+        // parked keys afresh).
+        let context = match config.group != self.context.group || config.park_keys {
+            true => Arc::new(self.context.in_group(&config.group)),
+            false => self.context.clone(),
         };
         let (signals, signals_rx) = watch::channel(0u8);
         let (inspector, inspects) = mpsc::channel(4);
@@ -259,6 +266,7 @@ impl Engine {
             signals: signals_rx,
             spares,
             inspects,
+            parking: context.parking.clone().map(|p| (p, context.sink.clone())),
         });
         EngineHandle {
             stopper: Stopper(Arc::new(signals)),

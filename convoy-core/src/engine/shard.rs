@@ -719,7 +719,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             // Never finished here: the transport reports the source lost, and its next owner
             // handles the message.
             Outcome::Fenced => false,
-            Outcome::Handled | Outcome::Duplicate | Outcome::DeadLettered => true,
+            Outcome::Handled | Outcome::Duplicate | Outcome::DeadLettered | Outcome::Parked => true,
         };
         // One lookup per finished message: complete it, then start the next or drop the lane.
         let (hash, task) = (end.tag, end.number);

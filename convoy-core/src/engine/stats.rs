@@ -11,6 +11,7 @@ use tokio::time::Instant;
 pub(crate) struct ShardStats {
     pub handled: AtomicU64,
     pub dead_lettered: AtomicU64,
+    pub parked: AtomicU64,
     pub duplicates: AtomicU64,
     pub retries: AtomicU64,
     pub lanes: AtomicUsize,
@@ -50,6 +51,8 @@ pub struct StatsSnapshot {
     pub handled: u64,
     /// Messages dead-lettered (confirmed by the sink).
     pub dead_lettered: u64,
+    /// Messages set aside behind a dead letter of their key (parked keys).
+    pub parked: u64,
     /// Messages skipped as duplicates.
     pub duplicates: u64,
     /// Retries after transient failures.
@@ -124,6 +127,7 @@ impl EngineStats {
         for shard in &self.shards {
             s.handled += shard.handled.load(Relaxed);
             s.dead_lettered += shard.dead_lettered.load(Relaxed);
+            s.parked += shard.parked.load(Relaxed);
             s.duplicates += shard.duplicates.load(Relaxed);
             s.retries += shard.retries.load(Relaxed);
             s.active_lanes += shard.lanes.load(Relaxed);

@@ -33,11 +33,13 @@ use self::revoke::PendingRevoke;
 use self::source::SourceState;
 use self::stop::Stopping;
 use super::inspect::InspectRequest;
+use super::parking::Parking;
 use super::shard::{BatchSpares, Epochs, ShardCommand, ShardReport, Work};
 use super::stats::EngineStats;
 use super::{EngineError, EngineReport};
 use crate::backpressure::Gate;
 use crate::config::EngineConfig;
+use crate::dead_letter::DeadLetterSink;
 use crate::message::SourceId;
 use crate::metrics::IntakeMetrics;
 use crate::transport::{EventReceiver, SourceControl, SourceEvent, Subscription};
@@ -106,6 +108,8 @@ pub(crate) struct Intake {
     lags: Arc<std::sync::Mutex<HashMap<SourceId, u64>>>,
     /// Since when commits fail (none: the last one went through).
     commits_failing_since: Option<Instant>,
+    /// Read back before sources are taken: their previous owner may have parked keys.
+    parking: Option<(Arc<Parking>, Arc<dyn DeadLetterSink>)>,
 }
 
 pub(crate) struct IntakeParts {
@@ -118,6 +122,8 @@ pub(crate) struct IntakeParts {
     pub signals: watch::Receiver<u8>,
     pub spares: BatchSpares,
     pub inspects: mpsc::Receiver<InspectRequest>,
+    /// The group's parked keys and the sink they are read back from, when it parks keys.
+    pub parking: Option<(Arc<Parking>, Arc<dyn DeadLetterSink>)>,
 }
 
 /// What one turn of the loop saw.
@@ -172,6 +178,7 @@ impl Intake {
             inspects: parts.inspects,
             lags: Arc::default(),
             commits_failing_since: None,
+            parking: parts.parking,
         }
     }
 
@@ -273,6 +280,9 @@ impl Intake {
         match event {
             SourceEvent::Messages { source, messages } => self.on_messages(source, messages),
             SourceEvent::Assigned(assignments) => {
+                if let Some((parking, sink)) = &self.parking {
+                    parking.read_back(&**sink).await;
+                }
                 for a in assignments {
                     self.assign(a).await;
                 }

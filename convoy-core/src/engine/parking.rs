@@ -1,0 +1,332 @@
+//! The engine's view of its group's parked keys (see [`crate::parking`]): read back from the
+//! dead-letter destination whenever sources are assigned (the previous owner's records are
+//! there), kept current as lanes set messages aside and end replays, and asked by each lane
+//! before it handles a keyed message.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use metrics::Gauge;
+
+use crate::dead_letter::DeadLetterSink;
+use crate::message::Message;
+use crate::parking::{ParkedKeys, ParkedRecord, ParkingChange, ReplayTag};
+
+/// Longest wait between attempts to read the dead-letter destination back.
+const MAX_READ_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A group's parked keys, for its engine.
+pub(crate) struct Parking {
+    group: String,
+    state: Mutex<State>,
+    /// One read-back at a time.
+    reading: tokio::sync::Mutex<()>,
+    keys: Gauge,
+}
+
+#[derive(Default)]
+struct State {
+    keys: ParkedKeys,
+    /// Changes made while a read-back is under way: applied again to what it read, which may
+    /// end before them (applying a change twice changes nothing).
+    journal: Option<Vec<(Bytes, ParkingChange)>>,
+    /// Replays a read-back did not find: their messages are set aside without reading again.
+    unknown_replays: HashSet<String>,
+}
+
+/// What a lane does with a message, as its key's parking says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Not parked: as usual.
+    Free,
+    /// A message of its key's replay: handled; the replay's last one ends it.
+    Replay(ReplayTag),
+    /// Set aside to the dead-letter destination.
+    SetAside,
+    /// Set aside before (a redelivery): finished without another record.
+    AlreadySetAside,
+    /// A replay not read of yet: read back, then ask again.
+    ReadBack,
+}
+
+impl Parking {
+    pub fn new(group: &str) -> Parking {
+        let keys = metrics::gauge!(crate::metrics::PARKED_KEYS, "group" => group.to_owned());
+        keys.set(0.0);
+        Parking {
+            group: group.to_owned(),
+            state: Mutex::default(),
+            reading: tokio::sync::Mutex::new(()),
+            keys,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while the lock was held left a complete state: every change is one call.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What to do with `message`, known by `id` (if anything identifies it). After a read-back
+    /// (`read`), a replay still unknown is a stale one: its messages are set aside.
+    pub fn gate(&self, message: &Message, id: Option<&str>, read: bool) -> Gate {
+        let Some(key) = message.key.as_ref() else {
+            return Gate::Free;
+        };
+        let mut state = self.state();
+        let Some(parking) = state.keys.get(key) else {
+            return Gate::Free;
+        };
+        let tag = ReplayTag::of(&message.headers).filter(|t| t.index >= 1);
+        if let Some(tag) = &tag {
+            if parking.replaying().is_some_and(|r| r.id == tag.id) && !parking.replay_failed(&tag.id) {
+                return Gate::Replay(tag.clone());
+            }
+        }
+        if id.is_some_and(|id| parking.holds(id)) {
+            return Gate::AlreadySetAside;
+        }
+        if let Some(tag) = tag {
+            let known = parking.replaying().is_some()
+                || parking.last_replay() == Some(tag.id.as_str())
+                || state.unknown_replays.contains(&tag.id);
+            if !known {
+                if !read {
+                    return Gate::ReadBack;
+                }
+                tracing::warn!(replay = %tag.id, "a replayed message of a parked key whose replay the dead-letter destination does not name: set aside (replay the key again)");
+                state.unknown_replays.insert(tag.id);
+            }
+        }
+        Gate::SetAside
+    }
+
+    /// Records a change a lane made (after the destination confirmed its record).
+    pub fn record(&self, key: Bytes, change: ParkingChange) {
+        let mut state = self.state();
+        if let Some(journal) = state.journal.as_mut() {
+            journal.push((key.clone(), change.clone()));
+        }
+        state.keys.apply(key, change);
+        self.keys.set(state.keys.len() as f64);
+    }
+
+    /// Records that `message`, known by `id`, failed and parked its key, or was set aside.
+    pub fn set_aside(&self, message: &Message, id: Option<String>) {
+        if let Some(key) = message.key.clone() {
+            self.record(
+                key,
+                ParkingChange::SetAside(Box::new(ParkedRecord::of(message, id))),
+            );
+        }
+    }
+
+    /// Reads the dead-letter destination back and replaces the view with it (changes made
+    /// meanwhile applied again). A failed read is retried with backoff until it succeeds:
+    /// nothing of a source may be handled before its parked keys are known.
+    pub async fn read_back(&self, sink: &dyn DeadLetterSink) {
+        let _one = self.reading.lock().await;
+        self.state().journal = Some(Vec::new());
+        let mut wait = Duration::from_millis(100);
+        let records = loop {
+            match sink.read_back().await {
+                Ok(records) => break records,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot read the dead-letter destination back to learn the parked keys; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MAX_READ_BACKOFF);
+                }
+            }
+        };
+        let mut keys = ParkedKeys::read(&self.group, &records);
+        let mut state = self.state();
+        for (key, change) in state.journal.take().unwrap_or_default() {
+            keys.apply(key, change);
+        }
+        if keys.len() != state.keys.len() {
+            tracing::info!(
+                parked = keys.len(),
+                "parked keys read back from the dead-letter destination"
+            );
+        }
+        state.keys = keys;
+        self.keys.set(state.keys.len() as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::dead_letter::{DeadLetter, DL_CAUSE, DL_GROUP};
+    use crate::message::{Headers, SourceId};
+    use crate::parking::{DL_PARK_ID, REPLAY, REPLAY_OF};
+    use crate::transport::TransportError;
+
+    fn message(key: &str, offset: u64, replay: Option<&str>) -> Message {
+        let mut headers = Headers::new();
+        if let Some(tag) = replay {
+            headers.insert(REPLAY, tag.to_owned());
+        }
+        Message {
+            key: Some(Bytes::from(key.to_owned())),
+            payload: Bytes::new(),
+            headers,
+            source: SourceId::new("t/0"),
+            offset,
+        }
+    }
+
+    fn id(offset: u64) -> Option<String> {
+        Some(format!("t/0@{offset}"))
+    }
+
+    /// A destination that holds what it is given, read back as is.
+    #[derive(Default)]
+    struct Destination(Mutex<Vec<Message>>);
+
+    impl Destination {
+        fn add(&self, key: &str, headers: &[(&str, String)]) {
+            let mut records = self.0.lock().unwrap();
+            let mut h = Headers::new();
+            h.insert(DL_GROUP, "g");
+            for (name, value) in headers {
+                h.insert(*name, value.clone());
+            }
+            let offset = records.len() as u64;
+            records.push(Message {
+                headers: h,
+                source: SourceId::new("t.dlq/0"),
+                ..message(key, offset, None)
+            });
+        }
+    }
+
+    #[async_trait]
+    impl DeadLetterSink for Destination {
+        async fn publish(&self, _: &DeadLetter) -> Result<(), TransportError> {
+            Ok(())
+        }
+
+        async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+            Ok(self.0.lock().unwrap().clone())
+        }
+    }
+
+    #[test]
+    fn a_parked_key_sets_aside_its_later_messages_once_each() {
+        let parking = Parking::new("g");
+        let gate = |m: &Message, read| parking.gate(m, id(m.offset).as_deref(), read);
+        assert_eq!(gate(&message("k", 1, None), false), Gate::Free);
+        parking.set_aside(&message("k", 1, None), id(1));
+        assert_eq!(
+            gate(&message("other", 2, None), false),
+            Gate::Free,
+            "other keys never wait"
+        );
+        assert_eq!(gate(&message("k", 2, None), false), Gate::SetAside);
+        parking.set_aside(&message("k", 2, None), id(2));
+        assert_eq!(
+            gate(&message("k", 2, None), false),
+            Gate::AlreadySetAside,
+            "a redelivery"
+        );
+        assert_eq!(
+            parking.gate(&message("k", 2, None), None, false),
+            Gate::SetAside,
+            "no id: recorded again"
+        );
+        // A replay the view does not know of: read back first; still unknown: set aside.
+        assert_eq!(gate(&message("k", 9, Some("r0 1/2")), false), Gate::ReadBack);
+        assert_eq!(gate(&message("k", 9, Some("r0 1/2")), true), Gate::SetAside);
+        assert_eq!(
+            gate(&message("k", 9, Some("r0 2/2")), false),
+            Gate::SetAside,
+            "known stale now"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replay_read_back_is_handled_then_ends_and_what_came_meanwhile_waits() {
+        let destination = Destination::default();
+        let parked = |offset: u64| {
+            vec![
+                (DL_CAUSE, "parked".to_owned()),
+                (DL_PARK_ID, format!("t/0@{offset}")),
+            ]
+        };
+        destination.add("k", &parked(1));
+        destination.add("k", &parked(2));
+        let parking = Parking::new("g");
+        let gate = |m: &Message| parking.gate(m, id(m.offset).as_deref(), false);
+        parking.read_back(&destination).await;
+        assert_eq!(
+            gate(&message("k", 3, None)),
+            Gate::SetAside,
+            "parked, as read back"
+        );
+        assert_eq!(gate(&message("k", 2, None)), Gate::AlreadySetAside);
+
+        destination.add(
+            "k",
+            &[
+                (DL_CAUSE, "replay".to_owned()),
+                (REPLAY, "r1 0/2".to_owned()),
+                (REPLAY_OF, "t.dlq/0@0,t.dlq/0@1".to_owned()),
+            ],
+        );
+        // Meanwhile a lane sets 10 aside: the destination confirmed it, then the view took it.
+        destination.add("k", &parked(10));
+        parking.set_aside(&message("k", 10, None), id(10));
+        let first = message("k", 11, Some("r1 1/2"));
+        assert_eq!(gate(&first), Gate::ReadBack);
+        parking.read_back(&destination).await;
+        assert!(matches!(gate(&first), Gate::Replay(t) if !t.is_last()));
+        assert_eq!(
+            gate(&message("k", 2, None)),
+            Gate::AlreadySetAside,
+            "replayed: not recorded again"
+        );
+        let last = message("k", 12, Some("r1 2/2"));
+        assert!(matches!(gate(&last), Gate::Replay(t) if t.is_last()));
+        parking.record(Bytes::from_static(b"k"), ParkingChange::ReplayDone("r1".into()));
+        assert_eq!(
+            gate(&message("k", 13, None)),
+            Gate::SetAside,
+            "behind 10, set aside during the replay"
+        );
+        assert_eq!(
+            gate(&message("k", 14, Some("r2 1/2"))),
+            Gate::ReadBack,
+            "a replay not read of"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replay_message_that_fails_takes_the_rest_of_its_replay_along() {
+        let destination = Destination::default();
+        destination.add(
+            "k",
+            &[(DL_CAUSE, "parked".to_owned()), (DL_PARK_ID, "t/0@1".to_owned())],
+        );
+        destination.add(
+            "k",
+            &[
+                (DL_CAUSE, "replay".to_owned()),
+                (REPLAY, "r1 0/3".to_owned()),
+                (REPLAY_OF, "t.dlq/0@0".to_owned()),
+            ],
+        );
+        let parking = Parking::new("g");
+        parking.read_back(&destination).await;
+        let gate = |m: &Message| parking.gate(m, id(m.offset).as_deref(), false);
+        let first = message("k", 5, Some("r1 1/3"));
+        assert!(matches!(gate(&first), Gate::Replay(_)));
+        parking.set_aside(&first, id(5)); // it failed again: dead-lettered, parking the key
+        assert_eq!(gate(&message("k", 6, Some("r1 2/3"))), Gate::SetAside);
+    }
+}

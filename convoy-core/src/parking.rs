@@ -1,0 +1,639 @@
+//! Parked keys: for ledgers and state machines, where a dead-lettered message must not be
+//! followed by the next one of its key. With [`EngineConfig::park_keys`], a key whose message is
+//! dead-lettered is *parked*: every later message of it is set aside, in order, to the
+//! dead-letter destination (cause `parked`) instead of being handled, until an operator
+//! replays the key. Other keys never wait.
+//!
+//! The dead-letter destination is the only record: an engine reads it back ([`DeadLetterSink::
+//! read_back`]) whenever it is assigned sources and folds it into [`ParkedKeys`], so parking
+//! survives restarts, rebalances and crashes — the next owner of a parked key sets its later
+//! messages aside too. The records, per key and group, in the destination's order:
+//!
+//! - a dead letter carrying [`DL_PARKS`] parks its key (the first of its *pending* records);
+//! - a record of cause `parked` is a message set aside behind it;
+//! - a *replay marker* (cause `replay`, written by [`replay_key`] before it publishes)
+//!   names the pending records it re-publishes ([`REPLAY_OF`]) and the replay's id and size
+//!   ([`REPLAY`]): those records are no longer pending, and the key is *replaying*;
+//! - a *replay-done marker* (cause `replay-done`, written by the engine before the replay's last
+//!   message is finished) ends the replay.
+//!
+//! A replaying key handles the replay's messages (they carry [`REPLAY`]) in order and sets
+//! aside everything else — messages published meanwhile come after the replayed ones. A replay
+//! message that fails parks the key again and the rest of the replay follows it into the
+//! parking. A key is parked while it is replaying or has pending records; its next replay
+//! re-publishes the last replay's own records first (in the replay's order), then the others
+//! in the order they were set aside: each key's original order, whatever interleaved.
+//!
+//! A record is known by its message's identity ([`DL_PARK_ID`]: its event id, or where it was
+//! read when offsets are positions), so a message set aside twice (redelivered after a crash)
+//! is recorded once; a replay marker names the records it covers by where the destination
+//! holds them.
+//!
+//! [`EngineConfig::park_keys`]: crate::EngineConfig::park_keys
+//! [`DeadLetterSink::read_back`]: crate::DeadLetterSink::read_back
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+use crate::dead_letter::{
+    replay_message, DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, DL_CAUSE, DL_GROUP,
+    DL_SOURCE,
+};
+use crate::message::{Headers, Message, OutgoingMessage, SourceId};
+use crate::transport::{Publisher, Receipt, TransportError};
+
+/// Header on a dead letter that parked its key (value `key`).
+pub const DL_PARKS: &str = "convoy-dl-parks";
+/// Header on a replayed message, `<replay id> <index>/<count>` (index from 1); on a replay
+/// marker, `<replay id> 0/<count>`.
+pub const REPLAY: &str = "convoy-replay";
+/// Header on a replay marker: where the destination holds the records it re-publishes
+/// (`source@offset`, comma-separated), in order.
+pub const REPLAY_OF: &str = "convoy-replay-of";
+/// Header on a record of a parked key: what its message is known by (its event id, or
+/// `source@offset` where offsets are positions); absent when nothing identifies it.
+pub const DL_PARK_ID: &str = "convoy-dl-park-id";
+/// The cause of an end marker: a record that only says how far a read-back must read, for a
+/// destination with no end to read to (a RabbitMQ stream).
+pub const CAUSE_END: &str = "read-back-end";
+
+/// True for the records of a dead-letter destination that are markers, not messages (replay,
+/// replay-done, end): listings and replays skip them.
+pub fn is_marker(record: &Message) -> bool {
+    record.headers.get_str(DL_CAUSE).is_some_and(|cause| {
+        [
+            DeadLetterCause::Replay.as_str(),
+            CAUSE_END,
+            DeadLetterCause::ReplayDone.as_str(),
+        ]
+        .contains(&cause)
+    })
+}
+
+/// Where a message was read (its source and offset): what a record is known by.
+pub type Position = (String, u64);
+
+/// A replayed message's place in its replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayTag {
+    /// The replay's id.
+    pub id: String,
+    /// 1 for the first message; 0 on the replay's marker.
+    pub index: u32,
+    /// Messages in the replay.
+    pub count: u32,
+}
+
+impl ReplayTag {
+    /// The tag in `headers`, if well formed.
+    pub fn of(headers: &Headers) -> Option<ReplayTag> {
+        let value = headers.get_str(REPLAY)?;
+        let (id, place) = value.rsplit_once(' ')?;
+        let (index, count) = place.split_once('/')?;
+        Some(ReplayTag {
+            id: id.to_owned(),
+            index: index.parse().ok()?,
+            count: count.parse().ok()?,
+        })
+    }
+
+    /// The header value.
+    pub fn header_value(&self) -> String {
+        format!("{} {}/{}", self.id, self.index, self.count)
+    }
+
+    /// True for the replay's last message.
+    pub fn is_last(&self) -> bool {
+        self.index >= self.count
+    }
+}
+
+/// A failed or set-aside message of a parked key.
+#[derive(Clone, Debug)]
+pub struct ParkedRecord {
+    /// What its message is known by, if anything identifies it.
+    pub id: Option<String>,
+    /// Where the destination holds it (known once read back).
+    pub stored: Option<Position>,
+    /// The replay its message came from, if it was a replayed one.
+    pub replay: Option<ReplayTag>,
+    /// The record as the dead-letter destination holds it (`None` for one this engine wrote
+    /// and has not read back).
+    pub record: Option<Message>,
+}
+
+impl ParkedRecord {
+    /// The record of `message`, known by `id`, set aside or dead-lettered here.
+    pub fn of(message: &Message, id: Option<String>) -> ParkedRecord {
+        ParkedRecord {
+            id,
+            stored: None,
+            replay: ReplayTag::of(&message.headers),
+            record: None,
+        }
+    }
+}
+
+/// A replay under way: its id and size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replaying {
+    /// The replay's id.
+    pub id: String,
+    /// Messages in it.
+    pub count: u32,
+}
+
+/// What the dead-letter destination says of one key of a group.
+#[derive(Clone, Debug, Default)]
+pub struct KeyParking {
+    /// Records not covered by a replay, in the order they were written.
+    pending: Vec<ParkedRecord>,
+    /// The ids of records replays took since the key was parked.
+    replayed: HashSet<String>,
+    replaying: Option<Replaying>,
+    /// The id of the key's last replay: its records come first in the next one.
+    last_replay: Option<String>,
+}
+
+impl KeyParking {
+    /// True while the key's later messages are set aside (or it is replaying).
+    pub fn is_parked(&self) -> bool {
+        self.replaying.is_some() || !self.pending.is_empty()
+    }
+
+    /// The replay under way, if any.
+    pub fn replaying(&self) -> Option<&Replaying> {
+        self.replaying.as_ref()
+    }
+
+    /// The id of the key's last replay.
+    pub fn last_replay(&self) -> Option<&str> {
+        self.last_replay.as_deref()
+    }
+
+    /// How many failed and set-aside messages wait for a replay.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True if the message known by `id` was recorded already (waiting, or replayed since).
+    pub fn holds(&self, id: &str) -> bool {
+        self.replayed.contains(id) || self.pending.iter().any(|r| r.id.as_deref() == Some(id))
+    }
+
+    /// True if a message of replay `id` failed or was set aside: the rest of it follows.
+    pub fn replay_failed(&self, id: &str) -> bool {
+        self.pending
+            .iter()
+            .any(|r| r.replay.as_ref().is_some_and(|t| t.id == id))
+    }
+
+    /// The records a replay re-publishes now, in the key's order: the last replay's own
+    /// records first (in that replay's order), then the others as they were written.
+    pub fn to_replay(&self) -> Vec<&ParkedRecord> {
+        let of_last = |r: &ParkedRecord| match (&r.replay, &self.last_replay) {
+            (Some(tag), Some(last)) if &tag.id == last => Some(tag.index),
+            _ => None,
+        };
+        let mut records: Vec<&ParkedRecord> = self.pending.iter().collect();
+        // Stable: the others keep the order they were written in.
+        records.sort_by_key(|r| of_last(r).map_or((1, 0), |index| (0, index)));
+        records
+    }
+
+    fn set_aside(&mut self, record: ParkedRecord) {
+        if !record.id.as_deref().is_some_and(|id| self.holds(id)) {
+            self.pending.push(record);
+        }
+    }
+
+    fn replay_started(&mut self, tag: &ReplayTag, stored: &[Position]) {
+        let (taken, pending) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|r| r.stored.as_ref().is_some_and(|p| stored.contains(p)));
+        self.pending = pending;
+        let taken: Vec<ParkedRecord> = taken;
+        self.replayed.extend(taken.into_iter().filter_map(|r| r.id));
+        self.replaying = Some(Replaying {
+            id: tag.id.clone(),
+            count: tag.count,
+        });
+        self.last_replay = Some(tag.id.clone());
+    }
+
+    fn replay_done(&mut self, id: &str) {
+        if self.replaying.as_ref().is_some_and(|r| r.id == id) {
+            self.replaying = None;
+        }
+    }
+}
+
+/// A change to a key's parking, as a record of the destination or the engine makes it.
+#[derive(Clone, Debug)]
+pub enum ParkingChange {
+    /// A message of the key failed (parking it) or was set aside.
+    SetAside(Box<ParkedRecord>),
+    /// A replay of the key started, re-publishing the records the destination holds at these
+    /// positions.
+    ReplayStarted(ReplayTag, Vec<Position>),
+    /// The replay with this id ended.
+    ReplayDone(String),
+}
+
+/// The parked keys of one group, folded from its dead-letter destination.
+#[derive(Clone, Debug, Default)]
+pub struct ParkedKeys {
+    keys: HashMap<Bytes, KeyParking>,
+}
+
+impl ParkedKeys {
+    /// Folds `records` (the dead-letter destination, in order per key) for `group`.
+    pub fn read(group: &str, records: &[Message]) -> ParkedKeys {
+        let mut keys = ParkedKeys::default();
+        for record in records {
+            if let Some((key, change)) = change_of(group, record) {
+                keys.apply(key, change);
+            }
+        }
+        keys
+    }
+
+    /// Applies a change to `key`'s parking.
+    pub fn apply(&mut self, key: Bytes, change: ParkingChange) {
+        let entry = self.keys.entry(key.clone()).or_default();
+        match change {
+            ParkingChange::SetAside(record) => entry.set_aside(*record),
+            ParkingChange::ReplayStarted(tag, positions) => entry.replay_started(&tag, &positions),
+            ParkingChange::ReplayDone(id) => entry.replay_done(&id),
+        }
+        if !entry.is_parked() {
+            self.keys.remove(&key);
+        }
+    }
+
+    /// `key`'s parking, if it is parked.
+    pub fn get(&self, key: &[u8]) -> Option<&KeyParking> {
+        self.keys.get(key)
+    }
+
+    /// The parked keys.
+    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &KeyParking)> {
+        self.keys.iter()
+    }
+
+    /// How many keys are parked.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when no key is parked.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// Why a parked key cannot be replayed (or its replay failed).
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The key is not parked.
+    #[error("{key} is not parked in group {group:?}")]
+    NotParked {
+        /// The key, as text.
+        key: String,
+        /// The group.
+        group: String,
+    },
+    /// A replay of the key has not ended yet.
+    #[error("a replay of {key} ({id}, {count} messages) is under way: replay again once its last message is handled")]
+    UnderWay {
+        /// The key, as text.
+        key: String,
+        /// The replay's id.
+        id: String,
+        /// Its messages.
+        count: u32,
+    },
+    /// A record names no source to replay to.
+    #[error("a dead letter of {0} does not say where it came from (no convoy-dl-source header)")]
+    NoSource(String),
+    /// Reading or publishing failed (nothing is lost: the key stays parked; replay it again).
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+/// A publisher to the topic named.
+pub type PublisherFor<'a> = dyn Fn(&str) -> Result<Arc<dyn Publisher>, TransportError> + Sync + 'a;
+
+/// A parked key's replay: what it re-published, and where.
+#[derive(Debug)]
+pub struct KeyReplay {
+    /// The replay's id (its messages carry it in [`REPLAY`]).
+    pub id: String,
+    /// The key's failed and set-aside records, in the order re-published.
+    pub records: Vec<Message>,
+    /// Where each went.
+    pub receipts: Vec<Receipt>,
+}
+
+/// Replays parked key `key` of `group`: reads the dead-letter destination back through `sink`,
+/// writes the replay marker there, then re-publishes the key's failed and set-aside messages
+/// (through `publisher`, per topic they came from) in the key's original order. The engine
+/// handles them and sets aside whatever else arrives for the key meanwhile; once the last one
+/// is finished the key is unparked — unless one fails again (the key parks again there, the
+/// rest of the replay behind it) or messages arrived during the replay (they wait for the
+/// next one).
+pub async fn replay_key(
+    group: &str,
+    key: &[u8],
+    sink: &dyn DeadLetterSink,
+    publisher: &PublisherFor<'_>,
+) -> Result<KeyReplay, ReplayError> {
+    let shown = String::from_utf8_lossy(key).into_owned();
+    let keys = ParkedKeys::read(group, &sink.read_back().await?);
+    let Some(parking) = keys.get(key) else {
+        return Err(ReplayError::NotParked {
+            key: shown,
+            group: group.to_owned(),
+        });
+    };
+    if let Some(r) = parking.replaying() {
+        return Err(ReplayError::UnderWay {
+            key: shown,
+            id: r.id.clone(),
+            count: r.count,
+        });
+    }
+    let in_order = parking.to_replay();
+    let records: Vec<Message> = in_order.iter().filter_map(|r| r.record.clone()).collect();
+    let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
+    let id = replay_id();
+    let mut messages: Vec<(String, OutgoingMessage)> = Vec::with_capacity(records.len());
+    for (i, record) in records.iter().enumerate() {
+        let source = record
+            .headers
+            .get_str(DL_SOURCE)
+            .ok_or_else(|| ReplayError::NoSource(shown.clone()))?;
+        let topic = source.rsplit_once('/').map_or(source, |(topic, _)| topic);
+        let mut out = replay_message(record);
+        let index = u32::try_from(i + 1).unwrap_or(u32::MAX);
+        out.headers.insert(
+            REPLAY,
+            ReplayTag {
+                id: id.clone(),
+                index,
+                count,
+            }
+            .header_value(),
+        );
+        messages.push((topic.to_owned(), out));
+    }
+    let mut headers = Headers::new();
+    headers.insert(
+        REPLAY,
+        ReplayTag {
+            id: id.clone(),
+            index: 0,
+            count,
+        }
+        .header_value(),
+    );
+    let positions: Vec<String> = in_order
+        .iter()
+        .filter_map(|r| r.stored.as_ref().map(format_position))
+        .collect();
+    headers.insert(REPLAY_OF, positions.join(","));
+    let now = SystemTime::now();
+    let marker = DeadLetter {
+        message: Message {
+            key: Some(Bytes::copy_from_slice(key)),
+            payload: Bytes::new(),
+            headers,
+            source: records
+                .first()
+                .map_or_else(|| SourceId::new("?"), |r| r.source.clone()),
+            offset: 0,
+        },
+        reason: DeadLetterReason {
+            cause: DeadLetterCause::Replay,
+            error_class: String::new(),
+            error: format!("replays {count} messages of the key"),
+            attempts: 0,
+            first_failure: now,
+            last_failure: now,
+            group: group.to_owned(),
+            parks_key: false,
+        },
+    };
+    sink.publish(&marker).await?;
+    // Consecutive messages to one topic go together, in order.
+    let mut receipts = Vec::with_capacity(messages.len());
+    let mut rest = messages.as_slice();
+    while let Some((topic, _)) = rest.first() {
+        let run = rest.iter().take_while(|(t, _)| t == topic).count();
+        let batch = rest[..run].iter().map(|(_, m)| m.clone()).collect();
+        receipts.extend(publisher(topic)?.publish_all(batch).await?);
+        rest = &rest[run..];
+    }
+    Ok(KeyReplay {
+        id,
+        records,
+        receipts,
+    })
+}
+
+/// A replay's id: unique enough across operators and machines.
+fn replay_id() -> String {
+    static SERIAL: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{nanos:x}-{:x}-{}",
+        std::process::id(),
+        SERIAL.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// What a record of the dead-letter destination changes, if it is `group`'s and about parking.
+fn change_of(group: &str, record: &Message) -> Option<(Bytes, ParkingChange)> {
+    let headers = &record.headers;
+    if headers.get_str(DL_GROUP) != Some(group) {
+        return None;
+    }
+    let key = record.key.clone()?;
+    let cause = headers.get_str(DL_CAUSE)?;
+    let change = if cause == DeadLetterCause::Replay.as_str() {
+        let tag = ReplayTag::of(headers)?;
+        let positions = headers
+            .get_str(REPLAY_OF)
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(parse_position)
+            .collect();
+        ParkingChange::ReplayStarted(tag, positions)
+    } else if cause == DeadLetterCause::ReplayDone.as_str() {
+        ParkingChange::ReplayDone(ReplayTag::of(headers)?.id)
+    } else if cause == DeadLetterCause::Parked.as_str() || headers.get_str(DL_PARKS).is_some() {
+        ParkingChange::SetAside(Box::new(ParkedRecord {
+            id: headers.get_str(DL_PARK_ID).map(str::to_owned),
+            stored: Some((record.source.to_string(), record.offset)),
+            replay: ReplayTag::of(headers),
+            record: Some(record.clone()),
+        }))
+    } else {
+        return None;
+    };
+    Some((key, change))
+}
+
+/// `source@offset`.
+pub fn format_position(position: &Position) -> String {
+    format!("{}@{}", position.0, position.1)
+}
+
+fn parse_position(text: &str) -> Option<Position> {
+    let (source, offset) = text.trim().rsplit_once('@')?;
+    Some((source.to_owned(), offset.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The records of a dead-letter destination: each at its own offset of `t.dlq/0`.
+    #[derive(Default)]
+    struct Destination(Vec<Message>);
+
+    impl Destination {
+        fn push(&mut self, key: &str, headers: &[(&str, &str)]) -> &mut Self {
+            let mut h = Headers::new();
+            h.insert(DL_GROUP, "g");
+            for (name, value) in headers {
+                h.insert(*name, value.to_string());
+            }
+            let offset = self.0.len() as u64;
+            self.0.push(Message {
+                key: Some(Bytes::from(key.to_owned())),
+                payload: Bytes::new(),
+                headers: h,
+                source: SourceId::new("t.dlq/0"),
+                offset,
+            });
+            self
+        }
+
+        /// A dead letter of `key`'s message read at `t/1@n`, parking the key.
+        fn failed(&mut self, key: &str, n: u64, replay: Option<&str>) -> &mut Self {
+            let id = format!("t/1@{n}");
+            let mut headers = vec![
+                (DL_CAUSE, "terminal"),
+                (DL_PARKS, "key"),
+                (DL_PARK_ID, id.as_str()),
+            ];
+            headers.extend(replay.map(|tag| (REPLAY, tag)));
+            self.push(key, &headers)
+        }
+
+        /// `key`'s message read at `t/1@n`, set aside.
+        fn parked(&mut self, key: &str, n: u64, replay: Option<&str>) -> &mut Self {
+            let id = format!("t/1@{n}");
+            let mut headers = vec![(DL_CAUSE, "parked"), (DL_PARK_ID, id.as_str())];
+            headers.extend(replay.map(|tag| (REPLAY, tag)));
+            self.push(key, &headers)
+        }
+
+        /// A replay marker covering the records at these offsets of the destination.
+        fn replay(&mut self, key: &str, tag: &str, covers: &[u64]) -> &mut Self {
+            let of: Vec<String> = covers.iter().map(|o| format!("t.dlq/0@{o}")).collect();
+            self.push(
+                key,
+                &[(DL_CAUSE, "replay"), (REPLAY, tag), (REPLAY_OF, &of.join(","))],
+            )
+        }
+
+        fn done(&mut self, key: &str, tag: &str) -> &mut Self {
+            self.push(key, &[(DL_CAUSE, "replay-done"), (REPLAY, tag)])
+        }
+
+        fn keys(&self) -> ParkedKeys {
+            ParkedKeys::read("g", &self.0)
+        }
+    }
+
+    /// The read positions (`t/1@n`) of what a replay of `key` would re-publish, in order.
+    fn replay_order(keys: &ParkedKeys, key: &[u8]) -> Vec<String> {
+        let parking = keys.get(key).expect("parked");
+        parking.to_replay().iter().filter_map(|r| r.id.clone()).collect()
+    }
+
+    #[test]
+    fn a_failure_parks_its_key_and_a_replay_then_its_end_unparks_it() {
+        let mut d = Destination::default();
+        d.failed("a", 3, None).parked("a", 5, None);
+        d.parked("a", 5, None); // redelivered after a crash: recorded once
+        d.push("b", &[(DL_CAUSE, "terminal"), (DL_PARK_ID, "t/1@4")]);
+        d.parked("a", 9, None);
+        let keys = d.keys();
+        assert_eq!(keys.len(), 1, "b's dead letter does not park (no {DL_PARKS})");
+        assert_eq!(replay_order(&keys, b"a"), ["t/1@3", "t/1@5", "t/1@9"]);
+        assert!(
+            ParkedKeys::read("other", &d.0).is_empty(),
+            "other groups' records"
+        );
+
+        // A replay that read the destination before 9 was set aside.
+        d.replay("a", "r1 0/2", &[0, 1]);
+        let keys = d.keys();
+        let a = keys.get(b"a").unwrap();
+        assert_eq!(a.replaying().map(|r| r.count), Some(2));
+        assert_eq!(
+            replay_order(&keys, b"a"),
+            ["t/1@9"],
+            "set aside after the replay read"
+        );
+        assert!(
+            a.holds("t/1@5"),
+            "a replayed message redelivered is not set aside again"
+        );
+        d.done("a", "r1 2/2");
+        assert_eq!(replay_order(&d.keys(), b"a"), ["t/1@9"], "still parked behind 9");
+        d.replay("a", "r2 0/1", &[4]).done("a", "r2 1/1");
+        assert!(d.keys().is_empty(), "replayed whole: unparked");
+    }
+
+    #[test]
+    fn a_failed_replay_goes_first_in_the_next_one() {
+        let mut d = Destination::default();
+        d.failed("a", 3, None).parked("a", 4, None).parked("a", 5, None);
+        d.replay("a", "r1 0/3", &[0, 1, 2]);
+        // Published while the replay ran: set aside before the replay's own failure.
+        d.parked("a", 20, None);
+        d.failed("a", 21, Some("r1 2/3")).parked("a", 22, Some("r1 3/3"));
+        d.done("a", "r1 3/3");
+        let keys = d.keys();
+        let a = keys.get(b"a").unwrap();
+        assert!(a.replaying().is_none() && a.replay_failed("r1"));
+        assert_eq!(
+            replay_order(&keys, b"a"),
+            ["t/1@21", "t/1@22", "t/1@20"],
+            "the replay's own first"
+        );
+    }
+
+    #[test]
+    fn replay_tags_and_positions_read_back() {
+        let mut h = Headers::new();
+        h.insert(REPLAY, "a b 2/7");
+        let tag = ReplayTag::of(&h).unwrap();
+        assert_eq!((tag.id.as_str(), tag.index, tag.count), ("a b", 2, 7));
+        assert_eq!(tag.header_value(), "a b 2/7");
+        assert!(!tag.is_last());
+        h.insert(REPLAY, "x 2");
+        assert_eq!(ReplayTag::of(&h), None);
+        assert_eq!(parse_position("t.v2/3@41"), Some(("t.v2/3".into(), 41)));
+    }
+}

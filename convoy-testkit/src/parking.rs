@@ -1,0 +1,171 @@
+//! The conformance case of parked keys: a key whose message is dead-lettered waits — its
+//! later messages set aside, across a restart — until it is replayed, then handles everything
+//! in its original order; other keys never wait.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use convoy_core::parking::{replay_key, ParkedKeys};
+use convoy_core::{
+    Delivery, EngineHandle, Handler, HandlerError, OutgoingMessage, Publisher, TransportError,
+};
+
+use crate::conformance::{self, test_config, ConformanceTarget, TestBed};
+use crate::probe::{decode_seq, probe_key};
+
+/// Upper bound for any wait; a healthy run takes a small fraction of it.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Records what it handled, per key in order; fails one message terminally while broken.
+struct Ledger {
+    handled: Mutex<HashMap<Bytes, Vec<u64>>>,
+    broken: AtomicBool,
+    poison: (Bytes, u64),
+}
+
+impl Ledger {
+    fn of(&self, key: &Bytes) -> Vec<u64> {
+        let handled = self.handled.lock().unwrap_or_else(|p| p.into_inner());
+        handled.get(key).cloned().unwrap_or_default()
+    }
+}
+
+#[async_trait::async_trait]
+impl Handler for Ledger {
+    async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
+        let key = delivery.key().cloned().unwrap_or_default();
+        let seq = decode_seq(delivery.payload())
+            .ok_or_else(|| HandlerError::malformed("payload is not a probe sequence number"))?;
+        if self.broken.load(Ordering::SeqCst) && (key.clone(), seq) == self.poison {
+            return Err(HandlerError::terminal("injected: the account is overdrawn"));
+        }
+        let mut handled = self.handled.lock().unwrap_or_else(|p| p.into_inner());
+        handled.entry(key).or_default().push(seq);
+        Ok(())
+    }
+}
+
+async fn publish(publisher: &dyn Publisher, key: &Bytes, seqs: std::ops::Range<u64>) {
+    for seq in seqs {
+        if let Err(e) = publisher
+            .publish(OutgoingMessage::new(key.clone(), seq.to_string()))
+            .await
+        {
+            panic!("publishing failed: {e}");
+        }
+    }
+}
+
+/// Waits until `done` holds, failing with `what` after [`LIMIT`].
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {LIMIT:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn parked_keys(bed: &dyn TestBed) -> ParkedKeys {
+    match bed.dead_letter_sink().read_back().await {
+        Ok(records) => ParkedKeys::read(bed.group(), &records),
+        Err(e) => panic!("reading the dead-letter destination back failed: {e}"),
+    }
+}
+
+fn start(bed: &dyn TestBed, ledger: &Arc<Ledger>, subscription: convoy_core::Subscription) -> EngineHandle {
+    let mut config = test_config(bed.group());
+    config.park_keys = true;
+    conformance::start(bed.dead_letter_sink(), ledger.clone(), config, subscription)
+}
+
+/// Key `k0`'s third message fails terminally: its later messages are set aside (also by a new
+/// engine after a restart, which reads the parking back from the dead-letter destination)
+/// while `k1`..`k3` are handled whole. After the fix, a replay re-publishes `k0`'s failed and
+/// set-aside messages; they are handled in order and the key is unparked: its next message is
+/// handled at once.
+pub async fn parked_key_waits_for_its_replay(target: &dyn ConformanceTarget) {
+    let bed = conformance::bed(target, 2).await;
+    let publisher = bed.publisher();
+    let keys: Vec<Bytes> = (0..4).map(|i| probe_key("k", i)).collect();
+    let parked = keys[0].clone();
+    let ledger = Arc::new(Ledger {
+        handled: Mutex::default(),
+        broken: AtomicBool::new(true),
+        poison: (parked.clone(), 2),
+    });
+    for key in &keys {
+        publish(publisher.as_ref(), key, 0..10).await;
+    }
+    let first = start(bed.as_ref(), &ledger, conformance::subscribe(bed.as_ref()).await);
+    until("k1..k3 handled, k0 dead-lettered at 2 and 7 set aside", || {
+        let stats = first.stats();
+        keys[1..].iter().all(|k| ledger.of(k).len() == 10) && stats.dead_lettered == 1 && stats.parked == 7
+    })
+    .await;
+    assert_eq!(ledger.of(&parked), [0, 1], "nothing after the dead letter");
+    for key in &keys[1..] {
+        assert_eq!(
+            ledger.of(key),
+            (0..10).collect::<Vec<_>>(),
+            "other keys never wait"
+        );
+    }
+    conformance::stop(first).await;
+
+    // A restart: the parking is read back from the destination, not remembered.
+    publish(publisher.as_ref(), &parked, 10..12).await;
+    publish(publisher.as_ref(), &keys[1], 10..11).await;
+    let second = start(bed.as_ref(), &ledger, conformance::subscribe(bed.as_ref()).await);
+    until("k0's new messages set aside after the restart", || {
+        second.stats().parked == 2 && ledger.of(&keys[1]).len() == 11
+    })
+    .await;
+    assert_eq!(ledger.of(&parked), [0, 1]);
+    let keys_now = parked_keys(bed.as_ref()).await;
+    assert_eq!(keys_now.len(), 1, "only k0 is parked");
+    assert_eq!(
+        keys_now.get(&parked).map(|p| p.pending()),
+        Some(10),
+        "the failed one and 9 set aside"
+    );
+
+    // The fix, then the replay.
+    ledger.broken.store(false, Ordering::SeqCst);
+    let publisher_for = |_: &str| Ok::<_, TransportError>(publisher.clone());
+    let replay = match replay_key(bed.group(), &parked, &*bed.dead_letter_sink(), &publisher_for).await {
+        Ok(r) => r,
+        Err(e) => panic!("the replay failed: {e}"),
+    };
+    let replayed: Vec<u64> = replay
+        .records
+        .iter()
+        .filter_map(|r| decode_seq(&r.payload))
+        .collect();
+    assert_eq!(
+        replayed,
+        (2..12).collect::<Vec<_>>(),
+        "re-published in the key's order"
+    );
+    until("k0's replay handled", || ledger.of(&parked).len() == 12).await;
+    assert_eq!(
+        ledger.of(&parked),
+        (0..12).collect::<Vec<_>>(),
+        "k0 in its original order"
+    );
+
+    // Unparked: the next message is handled, not set aside.
+    publish(publisher.as_ref(), &parked, 12..13).await;
+    until("k0 handled after its replay", || ledger.of(&parked).len() == 13).await;
+    assert_eq!(second.stats().parked, 2, "nothing set aside after the replay");
+    conformance::stop(second).await;
+    assert!(
+        parked_keys(bed.as_ref()).await.is_empty(),
+        "nothing parked any more"
+    );
+}
