@@ -14,8 +14,8 @@ use std::time::Duration;
 use clap::Parser;
 use convoy::dlq::{self, DeadLetterRecord, Selection};
 use convoy::{
-    BatchConfig, BatchHandler, Connection, Engine, EngineBuilder, EngineConfig, Handler, OutgoingMessage,
-    RetryPolicy, StatsSnapshot,
+    BatchConfig, BatchHandler, Connection, Engine, EngineBuilder, EngineConfig, EngineHandle, Handler,
+    OutgoingMessage, RetryPolicy, StatsSnapshot,
 };
 
 /// Any error of an example, printed as one line.
@@ -128,6 +128,30 @@ impl Example {
         Ok(s)
     }
 
+    /// Starts `handler` through the engine, configured by `configure`, for an example that
+    /// acts while it runs (an operator's replay).
+    pub async fn start(
+        &self,
+        handler: impl Handler,
+        configure: impl FnOnce(&mut EngineConfig),
+    ) -> Result<Running, Error> {
+        let mut config = EngineConfig::for_group(self.connection.endpoint().group.clone());
+        configure(&mut config);
+        let engine = Engine::builder(handler)
+            .config(config)
+            .dead_letter_sink(self.connection.dead_letter_sink()?)
+            .build()?;
+        Ok(Running {
+            handle: engine.start(&self.connection).await?,
+            name: self.name,
+        })
+    }
+
+    /// The connection (for the `dlq` calls an operator makes).
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
     /// Deletes what the run declared where the broker keeps it (RabbitMQ's queues: the broker
     /// is shared).
     pub async fn clean_up(&self) -> Result<(), Error> {
@@ -138,6 +162,36 @@ impl Example {
     /// The dead letters of this run, with their reasons.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRecord>, Error> {
         Ok(dlq::list(&self.connection, &Selection::default()).await?)
+    }
+}
+
+/// An engine an example started.
+pub struct Running {
+    handle: EngineHandle,
+    name: &'static str,
+}
+
+impl Running {
+    /// Waits (at most 120 s) until `done` holds for the engine's counters.
+    pub async fn wait_for(&self, what: &str, done: impl Fn(&StatsSnapshot) -> bool) -> Result<StatsSnapshot, Error> {
+        let stats = self.handle.stats_reader();
+        let reached = async {
+            loop {
+                let s = stats.snapshot();
+                if done(&s) {
+                    return s;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), reached)
+            .await
+            .map_err(|_| format!("{}: {what}: not within 120 s ({:?})", self.name, stats.snapshot()).into())
+    }
+
+    /// Stops gracefully (drains, commits, leaves); the final counters.
+    pub async fn stop(self) -> Result<StatsSnapshot, Error> {
+        Ok(self.handle.stop().await?.stats)
     }
 }
 
