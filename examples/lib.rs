@@ -173,7 +173,11 @@ pub struct Running {
 
 impl Running {
     /// Waits (at most 120 s) until `done` holds for the engine's counters.
-    pub async fn wait_for(&self, what: &str, done: impl Fn(&StatsSnapshot) -> bool) -> Result<StatsSnapshot, Error> {
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        done: impl Fn(&StatsSnapshot) -> bool,
+    ) -> Result<StatsSnapshot, Error> {
         let stats = self.handle.stats_reader();
         let reached = async {
             loop {

@@ -180,3 +180,16 @@ fn a_broker_outage_is_logged_and_its_end_too() {
         || cluster.lock().unwrap().node(1).unwrap().restart().unwrap(),
     );
 }
+
+/// Members that park keys are SIGKILLed and replaced mid-stream; no parked key's message runs
+/// before its replay, and after the replay each runs in order (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_keys_survive_kill_9_and_replay_in_order() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("parked");
+    let url = format!(
+        "{}&partitions=4",
+        url(&bootstrap, &unique("parked-group"), &topic)
+    );
+    scenarios::processes::parked_keys_survive_kill_9(&url, &topic).await;
+}

@@ -209,3 +209,14 @@ fn a_broker_outage_is_logged_and_its_end_too() {
         || server.lock().unwrap().restart().unwrap(),
     );
 }
+
+/// Members that park keys are SIGKILLed and replaced mid-stream; no parked key's message runs
+/// before its replay, and after the replay each runs in order (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_keys_survive_kill_9_and_replay_in_order() {
+    let Some(server) = server() else { return };
+    let topic = unique("parked");
+    let url = url(&server, &unique("parked-group"), &topic);
+    let _clean = CleanUp(url.clone(), topic.clone());
+    scenarios::processes::parked_keys_survive_kill_9(&url, &topic).await;
+}

@@ -349,3 +349,149 @@ pub async fn sigterm_hands_over_without_repeats(url: &str, topic: &str) {
     let all: HashSet<(String, u64)> = a.iter().chain(&b).cloned().collect();
     assert_eq!(all.len(), 30, "the second took what the first left, none again");
 }
+
+/// Members that park keys (`--park-keys`, a payload text failing terminally) are SIGKILLed and
+/// replaced while a producer publishes: a parked key's later messages are never handled — not
+/// by the member that parked it, nor by the next owner after a kill — until it is replayed.
+/// Then the fix is deployed (members without the poison, one of them killed mid-replay) and
+/// each parked key is replayed: its messages run in their original order, it is unparked, and
+/// nothing is lost.
+pub async fn parked_keys_survive_kill_9(url: &str, topic: &str) {
+    const KEYS: usize = 12;
+    const PER_KEY: u64 = 10;
+    const POISON_SEQ: u64 = 3;
+    let poisoned = |k: usize| k.is_multiple_of(4);
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let publisher = connection.publisher(topic).unwrap();
+    let log = Log::new(&format!("{topic}-parked"));
+    let checker = OrderChecker::new();
+    // 20 ms a message: a kill finds messages in flight.
+    let broken = ["--park-keys", "--fail-on", "POISON", "--work-ms", "20"];
+    let mut members = vec![
+        Member::start_with(url, &log.0, &broken),
+        Member::start_with(url, &log.0, &broken),
+    ];
+    for round in 0..PER_KEY / 2 {
+        for _ in 0..2 {
+            for k in 0..KEYS {
+                let key = bytes::Bytes::from(format!("key-{k}"));
+                let seq = checker.expect(&key);
+                let payload = match poisoned(k) && seq == POISON_SEQ {
+                    true => format!("POISON {seq}"),
+                    false => seq.to_string(),
+                };
+                publisher
+                    .publish(convoy::OutgoingMessage::new(key, payload))
+                    .await
+                    .unwrap();
+            }
+        }
+        // Mid-stream (the previous rounds handled, this one under way): no drain, no commit;
+        // the next owner reads the parking back.
+        let healthy_so_far = (0..KEYS).filter(|k| !poisoned(*k)).count() * (round as usize * 2);
+        tokio::task::block_in_place(|| log.wait_handled(healthy_so_far));
+        if round < 4 {
+            drop(members.remove(0));
+            members.push(Member::start_with(url, &log.0, &broken));
+        }
+    }
+    let healthy = (0..KEYS).filter(|k| !poisoned(*k)).count() as u64;
+    let parked_keys = KEYS as u64 - healthy;
+    // Every healthy message, and the poisoned keys' messages before the poison.
+    let before = (healthy * PER_KEY + parked_keys * POISON_SEQ) as usize;
+    tokio::task::block_in_place(|| log.wait_handled(before));
+    let waiting = (PER_KEY - POISON_SEQ) as usize;
+    let parked = wait_parked(&connection, |p| {
+        p.len() == parked_keys as usize && p.iter().all(|(_, n)| *n >= waiting)
+    })
+    .await;
+    let lines = log.lines();
+    let early: Vec<&(String, u64)> = lines
+        .iter()
+        .filter(|(key, seq)| is_poisoned(key, KEYS, &poisoned) && *seq >= POISON_SEQ)
+        .collect();
+    println!(
+        "parked keys under kill -9: {} lines before the replay, parked {parked:?}",
+        lines.len()
+    );
+    assert!(
+        early.is_empty(),
+        "a parked key's message ran before its replay: {early:?}"
+    );
+    if !(parked.len() == parked_keys as usize && parked.iter().all(|(_, n)| *n == waiting)) {
+        // What the destination holds, for the failure's reader.
+        let dlq = connection.dlq_topic().unwrap();
+        for m in connection.read_topic(&dlq).await.unwrap() {
+            let h = |name: &str| m.headers.get_str(name).unwrap_or("-").to_owned();
+            eprintln!(
+                "{}@{} key={} cause={} park-id={} from={}@{} payload={}",
+                m.source,
+                m.offset,
+                m.key_display(),
+                h(convoy::dead_letter::DL_CAUSE),
+                h(convoy::parking::DL_PARK_ID),
+                h(convoy::dead_letter::DL_SOURCE),
+                h(convoy::dead_letter::DL_OFFSET),
+                String::from_utf8_lossy(&m.payload)
+            );
+        }
+    }
+    assert!(
+        parked.len() == parked_keys as usize && parked.iter().all(|(_, n)| *n == waiting),
+        "each parked key holds its failed message and the {} set aside behind it, once each: {parked:?}",
+        waiting - 1
+    );
+
+    // The fix: members without the poison; one is killed while the replays run.
+    for member in members.drain(..) {
+        drop(member);
+    }
+    let fixed = ["--park-keys"];
+    members.push(Member::start_with(url, &log.0, &fixed));
+    members.push(Member::start_with(url, &log.0, &fixed));
+    for (key, _) in &parked {
+        let replay = convoy::dlq::replay_parked(&connection, key.as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(
+            replay.records.len(),
+            waiting,
+            "the replay of {key} takes all of it"
+        );
+    }
+    drop(members.remove(0));
+    members.push(Member::start_with(url, &log.0, &fixed));
+    tokio::task::block_in_place(|| log.wait_handled(KEYS * PER_KEY as usize));
+    let still = wait_parked(&connection, |p| p.is_empty()).await;
+    assert!(still.is_empty(), "replayed keys are unparked: {still:?}");
+    for member in members {
+        assert!(member.leave());
+    }
+    assert_replayed(&checker, &log.lines(), "parked keys under kill -9, then replayed");
+}
+
+fn is_poisoned(key: &str, keys: usize, poisoned: &dyn Fn(usize) -> bool) -> bool {
+    (0..keys).any(|k| poisoned(k) && key == format!("key-{k}"))
+}
+
+/// The group's parked keys and how many messages each holds, once `done` holds for them (waits
+/// at most two minutes: the last dead letters and markers may still be on their way).
+async fn wait_parked(
+    connection: &convoy::Connection,
+    done: impl Fn(&[(String, usize)]) -> bool,
+) -> Vec<(String, usize)> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let keys = convoy::dlq::parked(connection).await.unwrap();
+        let mut parked: Vec<(String, usize)> = keys
+            .iter()
+            .map(|(k, p)| (String::from_utf8_lossy(k).into_owned(), p.pending()))
+            .collect();
+        parked.sort();
+        if done(&parked) || Instant::now() >= deadline {
+            return parked;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

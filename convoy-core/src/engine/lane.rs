@@ -208,7 +208,7 @@ pub(crate) async fn run(job: Job) -> Outcome {
     }
 }
 
-pub(super) async fn process(
+async fn process(
     shard: &ShardContext,
     message: Arc<Message>,
     position_id: PositionId,
@@ -840,6 +840,11 @@ async fn publish_dead_letter(
     let id = park_id(message, position_id).filter(|_| parks);
     if let Some(id) = &id {
         dead_letter.message.headers.insert(DL_PARK_ID, id.clone());
+    }
+    if let Some(parking) = ctx.parking.as_ref().filter(|_| dead_letter.reason.parks_key) {
+        parking
+            .wait_committed_below(message, || lease.is_some_and(|l| !l.is_valid()))
+            .await;
     }
     if let Err(unfinished) = publish_record(ctx, &dead_letter, lease, rng).await {
         return unfinished;

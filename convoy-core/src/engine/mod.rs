@@ -145,8 +145,13 @@ impl EngineBuilder {
                 max_payload_bytes: self.config.max_payload_bytes,
                 metrics: LaneMetrics::new(self.config.group_or_default()),
                 group: self.config.group_or_default().to_owned(),
-                // Runs of one message are the lane's single path, through `handler`.
-                runs: self.batched.filter(|b| b.config().per_key > 1),
+                // Runs of one message are the lane's single path, through `handler`. A group
+                // that parks keys takes one message of a key per call: a dead letter that parks
+                // its key waits for the commit below it, which a run's earlier messages — not
+                // counted finished before the run ends — would hold back.
+                runs: self
+                    .batched
+                    .filter(|b| b.config().per_key > 1 && !self.config.park_keys),
                 parking: self
                     .config
                     .park_keys

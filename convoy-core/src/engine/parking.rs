@@ -3,7 +3,7 @@
 //! there), kept current as lanes set messages aside and end replays, and asked by each lane
 //! before it handles a keyed message.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -11,8 +11,11 @@ use bytes::Bytes;
 use metrics::Gauge;
 
 use crate::dead_letter::DeadLetterSink;
-use crate::message::Message;
+use crate::message::{Message, Offset, SourceId};
 use crate::parking::{ParkedKeys, ParkedRecord, ParkingChange, ReplayTag};
+
+/// How often a dead letter that parks its key looks for the commit below it.
+const COMMIT_POLL: Duration = Duration::from_millis(10);
 
 /// Longest wait between attempts to read the dead-letter destination back.
 const MAX_READ_BACKOFF: Duration = Duration::from_secs(5);
@@ -21,6 +24,8 @@ const MAX_READ_BACKOFF: Duration = Duration::from_secs(5);
 pub(crate) struct Parking {
     group: String,
     state: Mutex<State>,
+    /// Per assigned source, what was received and committed (see `wait_committed_below`).
+    marks: Mutex<HashMap<SourceId, Marks>>,
     /// One read-back at a time.
     reading: tokio::sync::Mutex<()>,
     keys: Gauge,
@@ -34,6 +39,15 @@ struct State {
     journal: Option<Vec<(Bytes, ParkingChange)>>,
     /// Replays a read-back did not find: their messages are set aside without reading again.
     unknown_replays: HashSet<String>,
+}
+
+/// What an assigned source received and committed.
+#[derive(Default)]
+struct Marks {
+    /// The first offset received in this assignment.
+    first_received: Option<Offset>,
+    /// Every offset received below this one is committed.
+    committed_below: Offset,
 }
 
 /// What a lane does with a message, as its key's parking says.
@@ -58,6 +72,7 @@ impl Parking {
         Parking {
             group: group.to_owned(),
             state: Mutex::default(),
+            marks: Mutex::default(),
             reading: tokio::sync::Mutex::new(()),
             keys,
         }
@@ -102,6 +117,53 @@ impl Parking {
             }
         }
         Gate::SetAside
+    }
+
+    /// `source` was assigned here: nothing of it received yet.
+    pub fn source_assigned(&self, source: &SourceId) {
+        self.marks().insert(source.clone(), Marks::default());
+    }
+
+    /// Messages of `source` from `offset` on arrived (in offset order).
+    pub fn received(&self, source: &SourceId, offset: Offset) {
+        if let Some(marks) = self.marks().get_mut(source) {
+            marks.first_received.get_or_insert(offset);
+        }
+    }
+
+    /// Everything of `source` received below `offset` is committed.
+    pub fn committed_below(&self, source: &SourceId, offset: Offset) {
+        if let Some(marks) = self.marks().get_mut(source) {
+            marks.committed_below = marks.committed_below.max(offset);
+        }
+    }
+
+    /// `source` is no longer assigned here.
+    pub fn source_gone(&self, source: &SourceId) {
+        self.marks().remove(source);
+    }
+
+    fn marks(&self) -> std::sync::MutexGuard<'_, HashMap<SourceId, Marks>> {
+        self.marks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits until everything of `message`'s source received below it is committed, before a
+    /// dead letter parks its key: after a crash, the key's messages before it are then never
+    /// delivered again to find the key parked (and be set aside behind the message they
+    /// precede). Returns at once when the source is no longer assigned here (a revoke's final
+    /// commit covers them), or once `fenced` says the source's lease ran out.
+    pub async fn wait_committed_below(&self, message: &Message, fenced: impl Fn() -> bool) {
+        let done = |marks: &HashMap<SourceId, Marks>| {
+            marks.get(&message.source).is_none_or(|m| {
+                m.first_received.is_none_or(|first| first >= message.offset)
+                    || m.committed_below >= message.offset
+            })
+        };
+        while !done(&self.marks()) && !fenced() {
+            tokio::time::sleep(COMMIT_POLL).await;
+        }
     }
 
     /// Records a change a lane made (after the destination confirmed its record).
@@ -328,5 +390,32 @@ mod tests {
         assert!(matches!(gate(&first), Gate::Replay(_)));
         parking.set_aside(&first, id(5)); // it failed again: dead-lettered, parking the key
         assert_eq!(gate(&message("k", 6, Some("r1 2/3"))), Gate::SetAside);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_letter_that_parks_waits_for_the_commit_below_it() {
+        let parking = Parking::new("g");
+        let source = SourceId::new("t/0");
+        let head = message("k", 9, None);
+        parking.source_assigned(&source);
+        parking.received(&source, 9);
+        // The first message received here: nothing below it to wait for.
+        parking.wait_committed_below(&head, || false).await;
+        parking.source_assigned(&source);
+        parking.received(&source, 5);
+        let waiting = parking.wait_committed_below(&head, || false);
+        tokio::pin!(waiting);
+        assert!(futures_util::poll!(waiting.as_mut()).is_pending());
+        parking.committed_below(&source, 7); // offsets 5 and 6 committed, 7 and 8 not yet
+        tokio::time::advance(COMMIT_POLL * 2).await;
+        assert!(futures_util::poll!(waiting.as_mut()).is_pending());
+        parking.committed_below(&source, 9);
+        tokio::time::advance(COMMIT_POLL * 2).await;
+        assert!(futures_util::poll!(waiting.as_mut()).is_ready());
+        // Revoked: its final commit covers what came before; nothing to wait for.
+        parking.source_assigned(&source);
+        parking.received(&source, 1);
+        parking.source_gone(&source);
+        parking.wait_committed_below(&head, || false).await;
     }
 }

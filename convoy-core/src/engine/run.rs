@@ -157,14 +157,9 @@ pub(super) async fn process(shard: &ShardContext, task: RunTask) -> Outcome {
     Outcome::Handled
 }
 
-/// Ends `item` on its own if it is a duplicate (skipped), malformed (dead-lettered unhandled)
-/// or of a parked key (the single message's path: set aside, or its key's replay).
+/// Ends `item` on its own if it is a duplicate (skipped) or malformed (dead-lettered unhandled).
 async fn settle_alone(lane: &Lane<'_>, item: &RunItem) -> Option<Outcome> {
     let (ctx, stats) = (lane.ctx, &*lane.shard.stats);
-    if is_parked(lane, item) {
-        let (message, lease) = (item.message.clone(), lane.lease);
-        return Some(super::lane::process(lane.shard, message, item.position_id, item.received, lease).await);
-    }
     let id = Remembered::of(ctx.idempotency.as_ref(), &item.message);
     if id.seen(item.position_id).await {
         tracing::debug!(event_id = %id, "skipping duplicate");
@@ -178,17 +173,10 @@ async fn settle_alone(lane: &Lane<'_>, item: &RunItem) -> Option<Outcome> {
     Some(outcome)
 }
 
-/// True if `item` goes into a call: neither a duplicate nor malformed nor of a parked key.
+/// True if `item` goes into a call: neither a duplicate nor malformed.
 async fn is_plain(lane: &Lane<'_>, item: &RunItem) -> bool {
     let id = Remembered::of(lane.ctx.idempotency.as_ref(), &item.message);
-    !id.seen(item.position_id).await && screen(lane.ctx, &item.message).is_none() && !is_parked(lane, item)
-}
-
-/// True if `item`'s key is parked (its messages go the single message's way).
-fn is_parked(lane: &Lane<'_>, item: &RunItem) -> bool {
-    let parking = lane.ctx.parking.as_deref();
-    let id = || super::lane::park_id(&item.message, item.position_id);
-    parking.is_some_and(|p| p.gate(&item.message, id().as_deref(), false) != super::parking::Gate::Free)
+    !id.seen(item.position_id).await && screen(lane.ctx, &item.message).is_none()
 }
 
 /// One call of the batch handler for `items` (through the gatherer), in one call slot, the

@@ -26,6 +26,9 @@ pub(super) struct Entry {
     pub slot: u32,
     pub epoch: u64,
     pub next: Offset,
+    /// Every offset received below this one is finished, so committed by this commit: the
+    /// lowest unfinished offset received, or `next`.
+    pub covered: Offset,
     pub changes: u64,
 }
 
@@ -116,6 +119,10 @@ impl Intake {
                 slot: slot as u32,
                 epoch: state.epoch,
                 next,
+                covered: state
+                    .tracker
+                    .lowest_unfinished()
+                    .map_or(next, |(_, offset)| offset),
                 changes: state.changes,
             });
         }
@@ -199,6 +206,9 @@ impl Intake {
                         continue; // revoked or lost meanwhile
                     };
                     state.committed = Some(e.next);
+                    if let Some((parking, _)) = &self.parking {
+                        parking.committed_below(&state.id, e.covered);
+                    }
                     state.committed_changes = state.committed_changes.max(e.changes);
                 }
             }

@@ -36,6 +36,9 @@ impl Intake {
             // Shutting down, or revoked: uncommitted, so the next owner reads them again.
             return;
         }
+        if let (Some((parking, _)), Some(first)) = (&self.parking, messages.first()) {
+            parking.received(&source, first.offset);
+        }
         let received = Instant::now();
         let shard_count = self.shards.len();
         let (mut routed, mut routed_bytes) = (0usize, 0usize);

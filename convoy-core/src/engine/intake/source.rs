@@ -121,6 +121,9 @@ impl Intake {
                 (self.sources.len() - 1) as u32
             }
         };
+        if let Some((parking, _)) = &self.parking {
+            parking.source_assigned(&a.source);
+        }
         self.by_id.insert(a.source, slot);
         self.stats.intake.sources.store(self.by_id.len(), Relaxed);
     }
@@ -131,6 +134,9 @@ impl Intake {
             self.held_total = self.held_total.saturating_sub(state.held);
             self.held_bytes = self.held_bytes.saturating_sub(state.held_bytes);
             self.by_id.remove(&state.id);
+            if let Some((parking, _)) = &self.parking {
+                parking.source_gone(&state.id);
+            }
         }
         self.stats.intake.sources.store(self.by_id.len(), Relaxed);
         self.publish_held();
