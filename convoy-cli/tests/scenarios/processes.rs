@@ -450,7 +450,20 @@ pub async fn parked_keys_survive_kill_9(url: &str, topic: &str) {
     let fixed = ["--park-keys"];
     members.push(Member::start_with(url, &log.0, &fixed));
     members.push(Member::start_with(url, &log.0, &fixed));
-    for (key, _) in &parked {
+    // `dlq list` names the parked keys; the first is replayed by `dlq replay --key`, the others
+    // by the library call.
+    let listed = super::convoy(&["--url", url, "dlq", "list"]);
+    let table = String::from_utf8_lossy(&listed.stdout);
+    for (key, n) in &parked {
+        assert!(table.contains(&format!("  {key}  {n} waiting")), "{table}");
+    }
+    let replayed = super::convoy(&["--url", url, "dlq", "replay", "--key", &parked[0].0]);
+    let stderr = String::from_utf8_lossy(&replayed.stderr);
+    assert!(
+        replayed.status.success() && stderr.contains(&format!("{waiting} messages in order")),
+        "{stderr}"
+    );
+    for (key, _) in &parked[1..] {
         let replay = convoy::dlq::replay_parked(&connection, key.as_bytes())
             .await
             .unwrap();
