@@ -370,18 +370,8 @@ impl Lane<'_> {
             parking.read_back(&*self.ctx.sink).await;
             gate = parking.gate(&message, park_id(&message, self.position_id).as_deref(), true);
         }
-        match gate {
-            Gate::Free => self.handle_free(message, received, span).await,
-            Gate::Replay(tag) => {
-                let outcome = self.handle_free(message.clone(), received, span).await;
-                if !tag.is_last() || matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced) {
-                    return outcome;
-                }
-                match self.end_replay(&message, &tag).await {
-                    Ok(()) => outcome,
-                    Err(unfinished) => unfinished,
-                }
-            }
+        let outcome = match gate {
+            Gate::Free | Gate::Replay => self.handle_free(message.clone(), received, span).await,
             Gate::AlreadySetAside => {
                 tracing::debug!("set aside before: its key is parked");
                 Outcome::Parked
@@ -413,6 +403,18 @@ impl Lane<'_> {
                 remember(id, self.position_id, &outcome).await;
                 outcome
             }
+        };
+        if matches!(outcome, Outcome::Fatal(_) | Outcome::Fenced) {
+            return outcome;
+        }
+        // The replay's last message ends it however it ended (a message of a replay that
+        // failed earlier is set aside, but still its last).
+        match parking.ending_replay(&message) {
+            Some(tag) => match self.end_replay(&message, &tag).await {
+                Ok(()) => outcome,
+                Err(unfinished) => unfinished,
+            },
+            None => outcome,
         }
     }
 

@@ -11,6 +11,8 @@ mod inspect;
 mod intake;
 mod lane;
 mod parking;
+#[cfg(test)]
+mod parking_properties;
 mod run;
 mod shard;
 mod slots;

@@ -55,8 +55,8 @@ struct Marks {
 pub(crate) enum Gate {
     /// Not parked: as usual.
     Free,
-    /// A message of its key's replay: handled; the replay's last one ends it.
-    Replay(ReplayTag),
+    /// A message of its key's replay: handled.
+    Replay,
     /// Set aside to the dead-letter destination.
     SetAside,
     /// Set aside before (a redelivery): finished without another record.
@@ -98,7 +98,7 @@ impl Parking {
         let tag = ReplayTag::of(&message.headers).filter(|t| t.index >= 1);
         if let Some(tag) = &tag {
             if parking.replaying().is_some_and(|r| r.id == tag.id) && !parking.replay_failed(&tag.id) {
-                return Gate::Replay(tag.clone());
+                return Gate::Replay;
             }
         }
         if id.is_some_and(|id| parking.holds(id)) {
@@ -164,6 +164,15 @@ impl Parking {
         while !done(&self.marks()) && !fenced() {
             tokio::time::sleep(COMMIT_POLL).await;
         }
+    }
+
+    /// The replay `message` ends, if it is the last message of its key's replay under way:
+    /// however it ended (handled, failed, set aside, set aside before), the replay is over.
+    pub fn ending_replay(&self, message: &Message) -> Option<ReplayTag> {
+        let tag = ReplayTag::of(&message.headers).filter(ReplayTag::is_last)?;
+        let state = self.state();
+        let parking = state.keys.get(message.key.as_ref()?)?;
+        parking.replaying().is_some_and(|r| r.id == tag.id).then_some(tag)
     }
 
     /// Records a change a lane made (after the destination confirmed its record).
@@ -347,14 +356,16 @@ mod tests {
         let first = message("k", 11, Some("r1 1/2"));
         assert_eq!(gate(&first), Gate::ReadBack);
         parking.read_back(&destination).await;
-        assert!(matches!(gate(&first), Gate::Replay(t) if !t.is_last()));
+        assert_eq!(gate(&first), Gate::Replay);
+        assert_eq!(parking.ending_replay(&first), None);
         assert_eq!(
             gate(&message("k", 2, None)),
             Gate::AlreadySetAside,
             "replayed: not recorded again"
         );
         let last = message("k", 12, Some("r1 2/2"));
-        assert!(matches!(gate(&last), Gate::Replay(t) if t.is_last()));
+        assert_eq!(gate(&last), Gate::Replay);
+        assert_eq!(parking.ending_replay(&last).map(|t| t.id), Some("r1".to_owned()));
         parking.record(Bytes::from_static(b"k"), ParkingChange::ReplayDone("r1".into()));
         assert_eq!(
             gate(&message("k", 13, None)),
@@ -387,9 +398,13 @@ mod tests {
         parking.read_back(&destination).await;
         let gate = |m: &Message| parking.gate(m, id(m.offset).as_deref(), false);
         let first = message("k", 5, Some("r1 1/3"));
-        assert!(matches!(gate(&first), Gate::Replay(_)));
+        assert_eq!(gate(&first), Gate::Replay);
         parking.set_aside(&first, id(5)); // it failed again: dead-lettered, parking the key
         assert_eq!(gate(&message("k", 6, Some("r1 2/3"))), Gate::SetAside);
+        // Set aside too, the replay's last message still ends it.
+        let last = message("k", 7, Some("r1 3/3"));
+        assert_eq!(gate(&last), Gate::SetAside);
+        assert!(parking.ending_replay(&last).is_some());
     }
 
     #[tokio::test(start_paused = true)]
