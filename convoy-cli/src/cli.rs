@@ -316,6 +316,10 @@ pub enum DlqCommand {
         /// Show what would be replayed, publish nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Publish again the replay of the parked --key that is under way (its publishing
+        /// stopped part-way), instead of starting one.
+        #[arg(long, requires = "keys")]
+        resume: bool,
     },
 }
 

@@ -64,7 +64,24 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
             all,
             to,
             dry_run,
+            resume,
         } => {
+            if resume {
+                for key in &selection.keys {
+                    let replay = dlq::resume_parked(&connection, key.as_bytes())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    for (record, receipt) in replay.records.iter().zip(&replay.receipts) {
+                        print_replayed(record, receipt);
+                    }
+                    eprintln!(
+                        "published replay {} of {key} again: {} messages",
+                        replay.id,
+                        replay.records.len()
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             if selection.is_empty() && !all {
                 return Err("select what to replay with --key, --reason or --offsets, or pass --all".into());
             }

@@ -155,8 +155,14 @@ pub struct KeyParking {
     /// The ids of records replays took since the key was parked.
     replayed: HashSet<String>,
     replaying: Option<Replaying>,
+    /// The records the replay under way re-publishes, in its order (what a resume publishes
+    /// again).
+    replaying_records: Vec<ParkedRecord>,
     /// The id of the key's last replay: its records come first in the next one.
     last_replay: Option<String>,
+    /// Replays of the key that ended since it was parked: a message of one coming later is a
+    /// duplicate (a resumed replay's copy of what ran already).
+    ended: HashSet<String>,
 }
 
 impl KeyParking {
@@ -183,6 +189,11 @@ impl KeyParking {
     /// True if the message known by `id` was recorded already (waiting, or replayed since).
     pub fn holds(&self, id: &str) -> bool {
         self.replayed.contains(id) || self.pending.iter().any(|r| r.id.as_deref() == Some(id))
+    }
+
+    /// True if replay `id` of the key ended.
+    pub fn replay_ended(&self, id: &str) -> bool {
+        self.ended.contains(id)
     }
 
     /// True if a message of replay `id` failed or was set aside: the rest of it follows.
@@ -216,8 +227,10 @@ impl KeyParking {
             .into_iter()
             .partition(|r| r.stored.as_ref().is_some_and(|p| stored.contains(p)));
         self.pending = pending;
-        let taken: Vec<ParkedRecord> = taken;
-        self.replayed.extend(taken.into_iter().filter_map(|r| r.id));
+        let mut taken: Vec<ParkedRecord> = taken;
+        taken.sort_by_key(|r| r.stored.as_ref().and_then(|p| stored.iter().position(|s| s == p)));
+        self.replayed.extend(taken.iter().filter_map(|r| r.id.clone()));
+        self.replaying_records = taken;
         self.replaying = Some(Replaying {
             id: tag.id.clone(),
             count: tag.count,
@@ -228,6 +241,8 @@ impl KeyParking {
     fn replay_done(&mut self, id: &str) {
         if self.replaying.as_ref().is_some_and(|r| r.id == id) {
             self.replaying = None;
+            self.replaying_records.clear();
+            self.ended.insert(id.to_owned());
         }
     }
 }
@@ -308,7 +323,7 @@ pub enum ReplayError {
         group: String,
     },
     /// A replay of the key has not ended yet.
-    #[error("a replay of {key} ({id}, {count} messages) is under way: replay again once its last message is handled")]
+    #[error("a replay of {key} ({id}, {count} messages) is under way: replay again once its last message is handled, or resume it if its publishing stopped part-way")]
     UnderWay {
         /// The key, as text.
         key: String,
@@ -317,6 +332,9 @@ pub enum ReplayError {
         /// Its messages.
         count: u32,
     },
+    /// No replay of the key is under way (nothing to resume).
+    #[error("no replay of {0} is under way: nothing to resume")]
+    NoneUnderWay(String),
     /// A record names no source to replay to.
     #[error("a dead letter of {0} does not say where it came from (no convoy-dl-source header)")]
     NoSource(String),
@@ -368,29 +386,10 @@ pub async fn replay_key(
         });
     }
     let in_order = parking.to_replay();
-    let records: Vec<Message> = in_order.iter().filter_map(|r| r.record.clone()).collect();
-    let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
     let id = replay_id();
-    let mut messages: Vec<(String, OutgoingMessage)> = Vec::with_capacity(records.len());
-    for (i, record) in records.iter().enumerate() {
-        let source = record
-            .headers
-            .get_str(DL_SOURCE)
-            .ok_or_else(|| ReplayError::NoSource(shown.clone()))?;
-        let topic = source.rsplit_once('/').map_or(source, |(topic, _)| topic);
-        let mut out = replay_message(record);
-        let index = u32::try_from(i + 1).unwrap_or(u32::MAX);
-        out.headers.insert(
-            REPLAY,
-            ReplayTag {
-                id: id.clone(),
-                index,
-                count,
-            }
-            .header_value(),
-        );
-        messages.push((topic.to_owned(), out));
-    }
+    let records: Vec<Message> = in_order.iter().filter_map(|r| r.record.clone()).collect();
+    let messages = replay_messages(&id, &records, &shown)?;
+    let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
     let mut headers = Headers::new();
     headers.insert(
         REPLAY,
@@ -429,20 +428,84 @@ pub async fn replay_key(
         },
     };
     sink.publish(&marker).await?;
-    // Consecutive messages to one topic go together, in order.
+    let receipts = publish(&messages, publisher).await?;
+    Ok(KeyReplay {
+        id,
+        records,
+        receipts,
+    })
+}
+
+/// Publishes again the replay of `key` that is under way — all of it, with its id — for a
+/// replay whose publishing stopped part-way (the tool died, a publish failed): the engine then
+/// sees its last message and ends it. What of it ran already runs again (the same event ids: an
+/// idempotency store that remembers them skips them).
+pub async fn resume_replay(
+    group: &str,
+    key: &[u8],
+    sink: &dyn DeadLetterSink,
+    publisher: &PublisherFor<'_>,
+) -> Result<KeyReplay, ReplayError> {
+    let shown = String::from_utf8_lossy(key).into_owned();
+    let keys = ParkedKeys::read(group, &sink.read_back().await?);
+    let Some((parking, replay)) = keys.get(key).and_then(|p| Some((p, p.replaying()?))) else {
+        return Err(ReplayError::NoneUnderWay(shown));
+    };
+    let records: Vec<Message> = parking
+        .replaying_records
+        .iter()
+        .filter_map(|r| r.record.clone())
+        .collect();
+    let messages = replay_messages(&replay.id, &records, &shown)?;
+    let receipts = publish(&messages, publisher).await?;
+    Ok(KeyReplay {
+        id: replay.id.clone(),
+        records,
+        receipts,
+    })
+}
+
+/// The messages of replay `id`: each record's, tagged, to the topic it came from.
+fn replay_messages(
+    id: &str,
+    records: &[Message],
+    shown: &str,
+) -> Result<Vec<(String, OutgoingMessage)>, ReplayError> {
+    let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
+    let mut messages = Vec::with_capacity(records.len());
+    for (i, record) in records.iter().enumerate() {
+        let source = record
+            .headers
+            .get_str(DL_SOURCE)
+            .ok_or_else(|| ReplayError::NoSource(shown.to_owned()))?;
+        let topic = source.rsplit_once('/').map_or(source, |(topic, _)| topic);
+        let mut out = replay_message(record);
+        let index = u32::try_from(i + 1).unwrap_or(u32::MAX);
+        let tag = ReplayTag {
+            id: id.to_owned(),
+            index,
+            count,
+        };
+        out.headers.insert(REPLAY, tag.header_value());
+        messages.push((topic.to_owned(), out));
+    }
+    Ok(messages)
+}
+
+/// Publishes `messages` in order, consecutive ones to one topic together.
+async fn publish(
+    messages: &[(String, OutgoingMessage)],
+    publisher: &PublisherFor<'_>,
+) -> Result<Vec<Receipt>, ReplayError> {
     let mut receipts = Vec::with_capacity(messages.len());
-    let mut rest = messages.as_slice();
+    let mut rest = messages;
     while let Some((topic, _)) = rest.first() {
         let run = rest.iter().take_while(|(t, _)| t == topic).count();
         let batch = rest[..run].iter().map(|(_, m)| m.clone()).collect();
         receipts.extend(publisher(topic)?.publish_all(batch).await?);
         rest = &rest[run..];
     }
-    Ok(KeyReplay {
-        id,
-        records,
-        receipts,
-    })
+    Ok(receipts)
 }
 
 /// A replay's id: unique enough across operators and machines.

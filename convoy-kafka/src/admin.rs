@@ -222,14 +222,38 @@ pub async fn read_topic(
     topic: &str,
     idle: Duration,
 ) -> Result<Vec<Message>, TransportError> {
+    read(config, topic, idle, false).await
+}
+
+/// The same, but reading must reach every partition's end: a stall of `stall` before it is an
+/// error (what parked keys are read back with: a partial read would miss a parked key).
+pub async fn read_topic_to_end(
+    config: &KafkaConfig,
+    topic: &str,
+    stall: Duration,
+) -> Result<Vec<Message>, TransportError> {
+    read(config, topic, stall, true).await
+}
+
+async fn read(
+    config: &KafkaConfig,
+    topic: &str,
+    idle: Duration,
+    to_end: bool,
+) -> Result<Vec<Message>, TransportError> {
     let reader = consumer(config, "convoy-reader")?;
     let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || read_blocking(&reader, &topic, idle))
+    tokio::task::spawn_blocking(move || read_blocking(&reader, &topic, idle, to_end))
         .await
         .map_err(|_| TransportError::Closed)?
 }
 
-fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<Vec<Message>, TransportError> {
+fn read_blocking(
+    reader: &BaseConsumer,
+    topic: &str,
+    idle: Duration,
+    to_end: bool,
+) -> Result<Vec<Message>, TransportError> {
     let metadata = reader
         .fetch_metadata(Some(topic), REACH_TIMEOUT)
         .map_err(|e| TransportError::broker(format!("reading the metadata of {topic}"), e))?;
@@ -283,6 +307,12 @@ fn read_blocking(reader: &BaseConsumer, topic: &str, idle: Duration) -> Result<V
                 }
             }
         }
+    }
+    if to_end && !remaining.is_empty() {
+        return Err(TransportError::Unavailable(format!(
+            "reading {topic}: nothing arrived for {idle:?} before the end of partitions {:?}",
+            remaining.keys().collect::<Vec<_>>()
+        )));
     }
     messages.sort_by(|a, b| (a.source.as_str(), a.offset).cmp(&(b.source.as_str(), b.offset)));
     Ok(messages)

@@ -164,10 +164,10 @@ impl DeadLetterSink for KafkaDeadLetterSink {
 
     /// The topic up to the end each partition had when reading began.
     async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
-        crate::admin::read_topic(&self.config, &self.config.dlq_topic(), READ_BACK_STALL).await
+        crate::admin::read_topic_to_end(&self.config, &self.config.dlq_topic(), READ_BACK_STALL).await
     }
 }
 
-/// Reading the dead-letter topic back gives up when no record arrived for this long before its
-/// end (and the engine tries again).
+/// Reading the dead-letter topic back fails when no record arrived for this long before its end
+/// (and the engine tries again).
 const READ_BACK_STALL: Duration = Duration::from_secs(10);

@@ -478,6 +478,13 @@ pub async fn parked_keys_survive_kill_9(url: &str, topic: &str) {
     tokio::task::block_in_place(|| log.wait_handled(KEYS * PER_KEY as usize));
     let still = wait_parked(&connection, |p| p.is_empty()).await;
     assert!(still.is_empty(), "replayed keys are unparked: {still:?}");
+    // A replay that ended leaves nothing to resume, and says so.
+    let resumed = super::convoy(&["--url", url, "dlq", "replay", "--key", &parked[0].0, "--resume"]);
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(
+        !resumed.status.success() && stderr.contains("nothing to resume"),
+        "{stderr}"
+    );
     for member in members {
         assert!(member.leave());
     }

@@ -376,6 +376,12 @@ impl Lane<'_> {
                 tracing::debug!("set aside before: its key is parked");
                 Outcome::Parked
             }
+            Gate::Duplicate => {
+                tracing::debug!("a message of a replay that ended: skipping the duplicate");
+                self.shard.stats.duplicates.fetch_add(1, Relaxed);
+                self.ctx.metrics.duplicates.increment(1);
+                Outcome::Duplicate
+            }
             Gate::SetAside | Gate::ReadBack => {
                 let id = Remembered::of(self.ctx.idempotency.as_ref(), &message);
                 let now = SystemTime::now();

@@ -61,6 +61,8 @@ pub(crate) enum Gate {
     SetAside,
     /// Set aside before (a redelivery): finished without another record.
     AlreadySetAside,
+    /// A message of a replay that ended (a resumed replay's copy of what ran already): skipped.
+    Duplicate,
     /// A replay not read of yet: read back, then ask again.
     ReadBack,
 }
@@ -99,6 +101,9 @@ impl Parking {
         if let Some(tag) = &tag {
             if parking.replaying().is_some_and(|r| r.id == tag.id) && !parking.replay_failed(&tag.id) {
                 return Gate::Replay;
+            }
+            if parking.replay_ended(&tag.id) {
+                return Gate::Duplicate;
             }
         }
         if id.is_some_and(|id| parking.holds(id)) {

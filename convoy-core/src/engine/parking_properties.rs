@@ -1,8 +1,9 @@
 //! Property of parked keys: whatever fails (and fails again in replays before the fix), whatever
 //! arrives while a replay runs and whenever the operator replays, a key's messages are handled
 //! in the key's order, each once, once the cause is fixed and the key is replayed until it is
-//! unparked. The engine's side is played step by step on a view (`Parking`) over an in-memory
-//! destination; the operator's is `parking::replay_key` itself.
+//! unparked — also when the replay tool dies part-way and the replay is resumed. The engine's
+//! side is played step by step on a view (`Parking`) over an in-memory destination, with an
+//! idempotency store; the operator's is `parking::replay_key` and `resume_replay` themselves.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use proptest::prelude::*;
 use super::parking::{Gate, Parking};
 use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
-use crate::parking::{replay_key, ParkedKeys, ParkingChange, ReplayError, DL_PARK_ID, REPLAY};
+use crate::parking::{replay_key, resume_replay, ParkedKeys, ParkingChange, ReplayError, DL_PARK_ID, REPLAY};
 use crate::transport::{Publisher, Receipt, TransportError};
 use crate::EVENT_ID_HEADER;
 
@@ -105,6 +106,9 @@ struct World {
     failing: HashSet<u64>,
     fixed: bool,
     handled: Vec<u64>,
+    /// Event ids finished (handled or dead-lettered), as the engine's idempotency store keeps
+    /// them: a resumed replay's messages that ran already are skipped.
+    finished: HashSet<String>,
 }
 
 impl World {
@@ -138,7 +142,7 @@ impl World {
                 self.write(with_id(&message, &id), DeadLetterCause::Parked, false);
                 self.parking.set_aside(&message, id);
             }
-            Gate::AlreadySetAside => {}
+            Gate::AlreadySetAside | Gate::Duplicate => {}
         }
         // As the lane: the replay's last message ends it, however it ended.
         if let Some(tag) = self.parking.ending_replay(&message) {
@@ -156,9 +160,14 @@ impl World {
         true
     }
 
-    /// Handles `message`: a failure until the fix, else done.
+    /// Handles `message`: a duplicate skipped, a failure until the fix, else done.
     fn handle(&mut self, message: &Message, id: Option<String>) {
         let seq: u64 = String::from_utf8_lossy(&message.payload).parse().unwrap();
+        if let Some(id) = &id {
+            if !self.finished.insert(id.clone()) {
+                return;
+            }
+        }
         if !self.fixed && self.failing.contains(&seq) {
             self.write(with_id(message, &id), DeadLetterCause::Terminal, true);
             self.parking.set_aside(message, id);
@@ -173,19 +182,69 @@ impl World {
             .append(DeadLetter { message, reason }.to_outgoing());
     }
 
-    /// The operator replays the key (refused while it is not parked or a replay is under way).
-    async fn replay(&self) {
-        let partition = self.partition.clone();
-        let publisher = move |_: &str| Ok::<Arc<dyn Publisher>, TransportError>(partition.clone());
+    /// The operator replays the key (refused while it is not parked or a replay is under way);
+    /// with `stop_after`, the tool dies after publishing that many of the replay's messages.
+    async fn replay(&self, stop_after: Option<usize>) {
+        let publisher = self.publisher(stop_after);
         match replay_key("g", KEY, &self.destination, &publisher).await {
-            Ok(_) | Err(ReplayError::NotParked { .. } | ReplayError::UnderWay { .. }) => {}
+            Ok(_)
+            | Err(ReplayError::NotParked { .. } | ReplayError::UnderWay { .. } | ReplayError::Transport(_)) =>
+                {}
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// The operator publishes the replay under way again (refused when there is none).
+    async fn resume(&self) {
+        match resume_replay("g", KEY, &self.destination, &self.publisher(None)).await {
+            Ok(_) | Err(ReplayError::NoneUnderWay(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A publisher to the partition that fails after `stop_after` messages, if given.
+    fn publisher(
+        &self,
+        stop_after: Option<usize>,
+    ) -> impl Fn(&str) -> Result<Arc<dyn Publisher>, TransportError> + Sync {
+        let partition: Arc<dyn Publisher> = match stop_after {
+            None => self.partition.clone(),
+            Some(n) => Arc::new(Dying {
+                partition: self.partition.clone(),
+                left: Mutex::new(n),
+            }),
+        };
+        move |_: &str| Ok(partition.clone())
+    }
+
+    fn replaying(&self) -> bool {
+        let records = self.destination.records.lock().unwrap().clone();
+        ParkedKeys::read("g", &records)
+            .get(KEY)
+            .is_some_and(|p| p.replaying().is_some())
     }
 
     fn parked(&self) -> bool {
         let records = self.destination.records.lock().unwrap().clone();
         ParkedKeys::read("g", &records).get(KEY).is_some()
+    }
+}
+
+/// A publisher that dies after some messages (the replay tool killed part-way).
+struct Dying {
+    partition: Arc<Log>,
+    left: Mutex<usize>,
+}
+
+#[async_trait]
+impl Publisher for Dying {
+    async fn publish(&self, message: OutgoingMessage) -> Result<Receipt, TransportError> {
+        let mut left = self.left.lock().unwrap();
+        if *left == 0 {
+            return Err(TransportError::Closed);
+        }
+        *left -= 1;
+        Ok(self.partition.append(message))
     }
 }
 
@@ -203,6 +262,9 @@ enum Step {
     Publish,
     Process,
     Replay,
+    /// The tool dies after publishing this many of the replay's messages.
+    ReplayPartly(usize),
+    Resume,
     Fix,
 }
 
@@ -211,6 +273,8 @@ fn step() -> impl Strategy<Value = Step> {
         3 => Just(Step::Publish),
         4 => Just(Step::Process),
         2 => Just(Step::Replay),
+        1 => (0usize..4).prop_map(Step::ReplayPartly),
+        1 => Just(Step::Resume),
         1 => Just(Step::Fix),
     ]
 }
@@ -235,6 +299,7 @@ proptest! {
                 failing,
                 fixed: false,
                 handled: Vec::new(),
+                finished: HashSet::new(),
             };
             for step in steps {
                 match step {
@@ -243,7 +308,9 @@ proptest! {
                     Step::Process => {
                         world.process().await;
                     }
-                    Step::Replay => world.replay().await,
+                    Step::Replay => world.replay(None).await,
+                    Step::ReplayPartly(n) => world.replay(Some(n)).await,
+                    Step::Resume => world.resume().await,
                     Step::Fix => world.fixed = true,
                 }
             }
@@ -257,7 +324,10 @@ proptest! {
                 if !world.parked() {
                     break;
                 }
-                world.replay().await;
+                match world.replaying() {
+                    true => world.resume().await,
+                    false => world.replay(None).await,
+                }
             }
             assert!(!world.parked(), "still parked after the replays");
             world.handled
