@@ -71,9 +71,7 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
                     let replay = dlq::resume_parked(&connection, key.as_bytes())
                         .await
                         .map_err(|e| e.to_string())?;
-                    for (record, receipt) in replay.records.iter().zip(&replay.receipts) {
-                        print_replayed(record, receipt);
-                    }
+                    print_all_replayed(replay.records.iter(), &replay.receipts);
                     eprintln!(
                         "published replay {} of {key} again: {} messages",
                         replay.id,
@@ -119,9 +117,7 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
                 let replay = dlq::replay_parked(&connection, key.as_bytes())
                     .await
                     .map_err(|e| e.to_string())?;
-                for (record, receipt) in replay.records.iter().zip(&replay.receipts) {
-                    print_replayed(record, receipt);
-                }
+                print_all_replayed(replay.records.iter(), &replay.receipts);
                 eprintln!(
                     "replayed parked key {key}: {} messages in order (replay {}); it is unparked once they are handled",
                     replay.records.len(),
@@ -134,24 +130,25 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
             let receipts = dlq::replay(&connection, &records, to.as_deref())
                 .await
                 .map_err(|e| e.to_string())?;
-            for (record, receipt) in records.iter().zip(&receipts) {
-                print_replayed(&record.message, receipt);
-            }
+            print_all_replayed(records.iter().map(|r| &r.message), &receipts);
             eprintln!("replayed {} dead letters", receipts.len());
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_replayed(record: &convoy::Message, receipt: &convoy::Receipt) {
-    println!(
-        "{}@{} key={} -> {}@{}",
-        record.source,
-        record.offset,
-        record.key_display(),
-        receipt.source,
-        receipt.offset
-    );
+/// A line per replayed dead letter: where it was, its key, where it went.
+fn print_all_replayed<'a>(records: impl Iterator<Item = &'a convoy::Message>, receipts: &[convoy::Receipt]) {
+    for (record, receipt) in records.zip(receipts) {
+        println!(
+            "{}@{} key={} -> {}@{}",
+            record.source,
+            record.offset,
+            record.key_display(),
+            receipt.source,
+            receipt.offset
+        );
+    }
 }
 
 fn selection_of(args: SelectionArgs) -> Selection {

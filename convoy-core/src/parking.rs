@@ -277,6 +277,11 @@ impl ParkedKeys {
         keys
     }
 
+    /// Reads `sink`'s destination back and folds it for `group`.
+    pub async fn read_back(group: &str, sink: &dyn DeadLetterSink) -> Result<ParkedKeys, TransportError> {
+        Ok(ParkedKeys::read(group, &sink.read_back().await?))
+    }
+
     /// Applies a change to `key`'s parking.
     pub fn apply(&mut self, key: Bytes, change: ParkingChange) {
         let entry = self.keys.entry(key.clone()).or_default();
@@ -371,7 +376,7 @@ pub async fn replay_key(
     publisher: &PublisherFor<'_>,
 ) -> Result<KeyReplay, ReplayError> {
     let shown = String::from_utf8_lossy(key).into_owned();
-    let keys = ParkedKeys::read(group, &sink.read_back().await?);
+    let keys = ParkedKeys::read_back(group, sink).await?;
     let Some(parking) = keys.get(key) else {
         return Err(ReplayError::NotParked {
             key: shown,
@@ -447,7 +452,7 @@ pub async fn resume_replay(
     publisher: &PublisherFor<'_>,
 ) -> Result<KeyReplay, ReplayError> {
     let shown = String::from_utf8_lossy(key).into_owned();
-    let keys = ParkedKeys::read(group, &sink.read_back().await?);
+    let keys = ParkedKeys::read_back(group, sink).await?;
     let Some((parking, replay)) = keys.get(key).and_then(|p| Some((p, p.replaying()?))) else {
         return Err(ReplayError::NoneUnderWay(shown));
     };

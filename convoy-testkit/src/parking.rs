@@ -72,8 +72,8 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 async fn parked_keys(bed: &dyn TestBed) -> ParkedKeys {
-    match bed.dead_letter_sink().read_back().await {
-        Ok(records) => ParkedKeys::read(bed.group(), &records),
+    match ParkedKeys::read_back(bed.group(), &*bed.dead_letter_sink()).await {
+        Ok(keys) => keys,
         Err(e) => panic!("reading the dead-letter destination back failed: {e}"),
     }
 }

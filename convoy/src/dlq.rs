@@ -148,38 +148,35 @@ pub async fn parked(connection: &Connection) -> Result<ParkedKeys, ConnectError>
 /// set-aside messages, in its original order, each to the topic it came from; the engine
 /// unparks the key once the last one is handled.
 pub async fn replay_parked(connection: &Connection, key: &[u8]) -> Result<KeyReplay, ConnectError> {
-    let group = connection.endpoint().group.clone();
-    let sink = connection.dead_letter_sink()?;
-    let publisher = |topic: &str| {
-        connection
-            .publisher(topic)
-            .map_err(|e| TransportError::broker(format!("publishing to {topic}"), e))
-    };
-    parking::replay_key(&group, key, &*sink, &publisher)
-        .await
-        .map_err(replay_error)
+    replay_or_resume(connection, key, false).await
 }
 
 /// Publishes again the replay of parked key `key` that is under way
 /// ([`parking::resume_replay`]), for one whose publishing stopped part-way.
 pub async fn resume_parked(connection: &Connection, key: &[u8]) -> Result<KeyReplay, ConnectError> {
-    let group = connection.endpoint().group.clone();
+    replay_or_resume(connection, key, true).await
+}
+
+async fn replay_or_resume(
+    connection: &Connection,
+    key: &[u8],
+    resume: bool,
+) -> Result<KeyReplay, ConnectError> {
+    let group = &connection.endpoint().group;
     let sink = connection.dead_letter_sink()?;
     let publisher = |topic: &str| {
         connection
             .publisher(topic)
             .map_err(|e| TransportError::broker(format!("publishing to {topic}"), e))
     };
-    parking::resume_replay(&group, key, &*sink, &publisher)
-        .await
-        .map_err(replay_error)
-}
-
-fn replay_error(e: parking::ReplayError) -> ConnectError {
-    match e {
+    let replay = match resume {
+        true => parking::resume_replay(group, key, &*sink, &publisher).await,
+        false => parking::replay_key(group, key, &*sink, &publisher).await,
+    };
+    replay.map_err(|e| match e {
         parking::ReplayError::Transport(e) => ConnectError::from(e),
         refused => ConfigError::invalid("key", refused.to_string()).into(),
-    }
+    })
 }
 
 /// Where `record` is replayed to: `to`, or else the topic it came from.

@@ -347,7 +347,7 @@ impl Lane<'_> {
         if self.fenced() {
             return Outcome::Fenced;
         }
-        if let Some(parking) = &self.ctx.parking {
+        if let Some(parking) = self.ctx.parking.as_ref().filter(|p| p.any_parked()) {
             match parking.gate(&message, park_id(&message, self.position_id).as_deref(), false) {
                 Gate::Free => {}
                 gate => return Box::pin(self.parked(parking, gate, message, received, span)).await,

@@ -4,6 +4,7 @@
 //! before it handles a keyed message.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ pub(crate) struct Parking {
     marks: Mutex<HashMap<SourceId, Marks>>,
     /// One read-back at a time.
     reading: tokio::sync::Mutex<()>,
+    /// How many keys are parked: while none is, lanes skip the lock (the common case).
+    parked: AtomicUsize,
     keys: Gauge,
 }
 
@@ -76,6 +79,7 @@ impl Parking {
             state: Mutex::default(),
             marks: Mutex::default(),
             reading: tokio::sync::Mutex::new(()),
+            parked: AtomicUsize::new(0),
             keys,
         }
     }
@@ -187,7 +191,18 @@ impl Parking {
             journal.push((key.clone(), change.clone()));
         }
         state.keys.apply(key, change);
-        self.keys.set(state.keys.len() as f64);
+        self.count(state.keys.len());
+    }
+
+    /// True if any key is parked (read without a lock: a lane asks before every keyed message).
+    pub fn any_parked(&self) -> bool {
+        self.parked.load(Ordering::Acquire) > 0
+    }
+
+    /// Publishes how many keys are parked (called under the state's lock).
+    fn count(&self, parked: usize) {
+        self.parked.store(parked, Ordering::Release);
+        self.keys.set(parked as f64);
     }
 
     /// Records that `message`, known by `id`, failed and parked its key, or was set aside.
@@ -229,7 +244,7 @@ impl Parking {
             );
         }
         state.keys = keys;
-        self.keys.set(state.keys.len() as f64);
+        self.count(state.keys.len());
     }
 }
 
