@@ -276,6 +276,12 @@ pub struct ConsumeArgs {
     /// `convoy dlq replay --key` (the same as `park_keys = true` in `[engine]`).
     #[arg(long)]
     pub park_keys: bool,
+    /// Forward every handled message (key, payload, headers; its event id derived from the
+    /// input's) to this topic. On Kafka with `transactional_id` in the URL (or config) the
+    /// copies and the commit that covers their inputs go into one transaction: exactly once
+    /// for `read_committed` readers. Elsewhere: at least once, deduplicated by event id.
+    #[arg(long, value_name = "TOPIC")]
+    pub forward_to: Option<String>,
 }
 
 /// What a stop drains.

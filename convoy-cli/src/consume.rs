@@ -7,7 +7,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use convoy::{handler_fn, ConnectConfig, Delivery, Drain, Engine, EngineReport, HandlerError, StopSignals};
+use convoy::{
+    handler_fn, transform_fn, ConnectConfig, Delivery, Drain, Engine, EngineReport, HandlerError,
+    OutgoingMessage, Output, StopSignals, EVENT_ID_HEADER,
+};
 
 use crate::cli::{ConsumeArgs, DrainArg};
 use crate::metrics_server;
@@ -39,6 +42,58 @@ fn one_line(text: &str) -> String {
     out
 }
 
+/// What the handler does with each message: `--work-ms`, `--fail-on`, and the printed line.
+#[derive(Clone)]
+struct Handling {
+    quiet: bool,
+    work: Duration,
+    fail_on: Option<Vec<u8>>,
+}
+
+impl Handling {
+    async fn handle(&self, d: &Delivery) -> Result<(), HandlerError> {
+        if !self.work.is_zero() {
+            tokio::time::sleep(self.work).await;
+        }
+        if let Some(text) = self.fail_on.as_deref() {
+            if d.payload().windows(text.len().max(1)).any(|w| w == text) {
+                return Err(HandlerError::terminal(format!(
+                    "the payload contains {:?} (--fail-on)",
+                    String::from_utf8_lossy(text)
+                )));
+            }
+        }
+        if !self.quiet {
+            let payload = String::from_utf8_lossy(d.payload());
+            let preview: String = payload.chars().take(PREVIEW).collect();
+            println!(
+                "{}@{} key={} attempt={} {}",
+                d.source(),
+                d.offset(),
+                one_line(&d.message().key_display()),
+                d.attempt(),
+                one_line(&preview)
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The copy `--forward-to` publishes: key, payload and headers, but not the input's event id
+/// (the engine derives the copy's from it).
+fn forwarded(d: &Delivery, topic: &str) -> Output {
+    let message = d.message();
+    let mut copy = OutgoingMessage {
+        key: message.key.clone(),
+        payload: message.payload.clone(),
+        headers: Default::default(),
+    };
+    for (name, value) in message.headers.iter().filter(|(n, _)| *n != EVENT_ID_HEADER) {
+        copy.headers.append(name, value.clone());
+    }
+    Output::new(topic, copy)
+}
+
 pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult {
     let connection = connect(config).await?;
     if connection.endpoint().topics.is_empty() {
@@ -52,37 +107,11 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         Some(addr) => Some(metrics_server::serve(addr).await?),
         None => None,
     };
-    let (quiet, work) = (args.quiet, Duration::from_millis(args.work_ms));
-    let fail_on = std::sync::Arc::new(args.fail_on.clone().map(String::into_bytes));
-    let handler = handler_fn(move |d: Delivery| {
-        let fail_on = fail_on.clone();
-        async move {
-            if !work.is_zero() {
-                tokio::time::sleep(work).await;
-            }
-            if let Some(text) = fail_on.as_deref() {
-                if d.payload().windows(text.len().max(1)).any(|w| w == text) {
-                    return Err(HandlerError::terminal(format!(
-                        "the payload contains {:?} (--fail-on)",
-                        String::from_utf8_lossy(text)
-                    )));
-                }
-            }
-            if !quiet {
-                let payload = String::from_utf8_lossy(d.payload());
-                let preview: String = payload.chars().take(PREVIEW).collect();
-                println!(
-                    "{}@{} key={} attempt={} {}",
-                    d.source(),
-                    d.offset(),
-                    one_line(&d.message().key_display()),
-                    d.attempt(),
-                    one_line(&preview)
-                );
-            }
-            Ok::<(), HandlerError>(())
-        }
-    });
+    let handling = Handling {
+        quiet: args.quiet,
+        work: Duration::from_millis(args.work_ms),
+        fail_on: args.fail_on.clone().map(String::into_bytes),
+    };
     // The engine's defaults, then `[engine]` of --config and CONVOY_ENGINE_*, then the flags.
     let mut config = connection.engine_config().map_err(|e| e.to_string())?;
     if let Some(ms) = args.commit_interval_ms {
@@ -102,7 +131,20 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         };
     }
     config.drain_timeout = config.drain_timeout.min(config.shutdown_timeout);
-    let engine = Engine::builder(handler)
+    let builder = match args.forward_to.clone() {
+        None => Engine::builder(handler_fn(move |d: Delivery| {
+            let handling = handling.clone();
+            async move { handling.handle(&d).await }
+        })),
+        Some(to) => Engine::transform_builder(transform_fn(move |d: Delivery| {
+            let (handling, to) = (handling.clone(), to.clone());
+            async move {
+                handling.handle(&d).await?;
+                Ok(vec![forwarded(&d, &to)])
+            }
+        })),
+    };
+    let engine = builder
         .config(config)
         .dead_letter_sink(connection.dead_letter_sink().map_err(|e| e.to_string())?)
         .build()

@@ -193,3 +193,14 @@ async fn parked_keys_survive_kill_9_and_replay_in_order() {
     );
     scenarios::processes::parked_keys_survive_kill_9(&url, &topic).await;
 }
+
+/// Exactly once to Kafka: a forwarding member with a transactional id SIGKILLed ten times
+/// mid-run; a read_committed reader sees every output once, in per-key order
+/// (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_forwarding_survives_ten_kill_9() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("eos");
+    let url = format!("{}&partitions=4", url(&bootstrap, &unique("eos-group"), &topic));
+    scenarios::processes::forwarding_exactly_once_survives_kill_9(&url, &topic).await;
+}

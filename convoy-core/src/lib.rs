@@ -15,6 +15,8 @@
 //! - [`batch`]: batch handlers, one call for the heads of many keys;
 //! - [`retry`]: backoff, jitter and limits for in-lane retry;
 //! - [`dead_letter`]: sinks and the reason headers;
+//! - [`transform`]: consume → produce, outputs published with (or before) the commit of
+//!   their input;
 //! - [`parking`]: parked keys, folded from the dead-letter destination, and their replays;
 //! - [`watermark`]: the contiguous watermark per source;
 //! - [`offset_map`]: the finished offsets above a watermark, as text a broker stores beside it;
@@ -39,6 +41,7 @@ pub mod parking;
 pub mod partitioner;
 pub mod retry;
 pub mod trace_context;
+pub mod transform;
 pub mod transport;
 pub mod typed;
 pub mod watermark;
@@ -55,6 +58,7 @@ pub use idempotency::{IdempotencyStore, MemoryIdempotencyStore};
 pub use message::{EventId, Headers, Message, Offset, OutgoingMessage, SourceId, EVENT_ID_HEADER};
 pub use retry::{Backoff, Jitter, OnExhausted, RetryPolicy};
 pub use trace_context::TraceContext;
+pub use transform::{transform_fn, Outbox, Output, OutputGuarantee, PublishingOutbox, Transform};
 pub use transport::{
     event_channel, Assignment, BatchSender, Commit, Departure, EventReceiver, EventSender, Lease,
     PrefetchLimit, Publisher, Receipt, RevokeAck, SourceControl, SourceEvent, Subscription, Transport,

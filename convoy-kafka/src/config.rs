@@ -106,6 +106,14 @@ pub struct KafkaConfig {
     /// match the broker's `offset.metadata.max.bytes` (4096 by default); 0 turns it off.
     #[serde(default = "default_offset_map_max_bytes")]
     pub offset_map_max_bytes: usize,
+    /// Exactly once to Kafka: the id of this member's transactional producer. With it, a
+    /// transform's outputs and the commit of the offsets that cover them go into one Kafka
+    /// transaction (see `convoy_core::transform`). Give every member its own id that stays the
+    /// same across its restarts (a pod name): a restarted member fences its crashed
+    /// predecessor and aborts its open transaction at once, where a fresh id leaves that
+    /// transaction open for `transaction.timeout.ms`. Turns the offset map off.
+    #[serde(default)]
+    pub transactional_id: Option<String>,
     /// Extra librdkafka properties (TLS, SASL, tuning), passed through as given.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
@@ -113,7 +121,11 @@ pub struct KafkaConfig {
 
 /// Properties convoy sets itself, and what to use instead: overriding them would break its
 /// guarantees, or be silently ignored.
-const RESERVED: [(&str, &str); 13] = [
+const RESERVED: [(&str, &str); 14] = [
+    (
+        "transactional.id",
+        "use transactional_id (URL parameter transactional_id)",
+    ),
     (
         "enable.auto.commit",
         "auto commit must stay off: convoy commits the contiguous watermark",
@@ -176,6 +188,7 @@ impl fmt::Debug for KafkaConfig {
             .field("assignor", &self.assignor)
             .field("revoke_timeout_ms", &self.revoke_timeout_ms)
             .field("offset_map_max_bytes", &self.offset_map_max_bytes)
+            .field("transactional_id", &self.transactional_id)
             .field("properties", &properties)
             .finish()
     }
@@ -194,13 +207,14 @@ impl KafkaConfig {
             assignor: None,
             revoke_timeout_ms: default_revoke_timeout_ms(),
             offset_map_max_bytes: default_offset_map_max_bytes(),
+            transactional_id: None,
             properties: BTreeMap::new(),
         }
     }
 
     /// Sets one field or librdkafka property by name, as a URL parameter gives it:
     /// `group_protocol`, `session_timeout_ms`, `assignor`, `revoke_timeout_ms`,
-    /// `offset_map_max_bytes`, or any
+    /// `offset_map_max_bytes`, `transactional_id`, or any
     /// name with a dot (a librdkafka property such as `security.protocol` or
     /// `fetch.wait.max.ms`).
     pub fn apply_param(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
@@ -224,6 +238,7 @@ impl KafkaConfig {
                 }
             }
             "revoke_timeout_ms" => self.revoke_timeout_ms = number(name)?,
+            "transactional_id" => self.transactional_id = Some(value.to_owned()),
             "offset_map_max_bytes" => {
                 self.offset_map_max_bytes = usize::try_from(number(name)?).unwrap_or(usize::MAX)
             }
@@ -253,8 +268,8 @@ impl KafkaConfig {
                 return Err(ConfigError::invalid(
                     other,
                     "unknown Kafka setting: use group_protocol, session_timeout_ms, assignor, \
-                     revoke_timeout_ms, offset_map_max_bytes, or a librdkafka property (its name \
-                     contains a dot)",
+                     revoke_timeout_ms, offset_map_max_bytes, transactional_id, or a librdkafka \
+                     property (its name contains a dot)",
                 ))
             }
         }
@@ -316,6 +331,14 @@ impl KafkaConfig {
         }
         if self.group_protocol == GroupProtocol::Consumer {
             self.validate_consumer_protocol()?;
+        }
+        if let Some(id) = &self.transactional_id {
+            if id.trim().is_empty() || id.len() > 249 {
+                return Err(ConfigError::invalid(
+                    "transactional_id",
+                    "must be 1–249 characters: one per member, the same across its restarts",
+                ));
+            }
         }
         if let Some((name, instead)) = RESERVED
             .iter()
@@ -394,6 +417,15 @@ impl KafkaConfig {
         std::time::Duration::from_millis(self.revoke_timeout_ms)
     }
 
+    /// The offset-map limit in force: none with a transactional id (a message finished above
+    /// the watermark has outputs that are not committed yet, so it must be handled again).
+    pub fn offset_map_limit(&self) -> usize {
+        match self.transactional_id {
+            Some(_) => 0,
+            None => self.offset_map_max_bytes,
+        }
+    }
+
     /// The dead-letter topic in use.
     pub fn dlq_topic(&self) -> String {
         self.dlq_topic
@@ -459,6 +491,19 @@ impl KafkaConfig {
             .set("partitioner", "murmur2_random");
         if !self.properties.contains_key("linger.ms") {
             c.set("linger.ms", "1");
+        }
+        c
+    }
+
+    /// librdkafka settings for a member's transactional producer (see `transactional_id`).
+    /// Its transactions last only as long as a commit, so `transaction.timeout.ms` (how long the
+    /// broker keeps a crashed member's transaction open when no successor with its id aborts
+    /// it) is 10 s unless set.
+    pub fn transactional_producer_config(&self, id: &str) -> ClientConfig {
+        let mut c = self.producer_config();
+        c.set("transactional.id", id);
+        if !self.properties.contains_key("transaction.timeout.ms") {
+            c.set("transaction.timeout.ms", "10000");
         }
         c
     }

@@ -44,13 +44,13 @@ impl Transport for MemoryTransport {
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
         let batch_bytes = (limit.bytes / 64).max(64 << 10);
         let (member, events) = self.broker.join(&self.group, &self.topics, batch_bytes)?;
-        Ok(Subscription {
+        Ok(Subscription::new(
             events,
-            control: Box::new(MemoryControl {
+            Box::new(MemoryControl {
                 broker: self.broker.clone(),
                 member,
             }),
-        })
+        ))
     }
 }
 

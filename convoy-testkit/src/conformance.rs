@@ -1160,7 +1160,9 @@ pub async fn newest_offsets_cover_what_was_received(target: &dyn ConformanceTarg
     let bed = bed(target, 2).await;
     let checker = OrderChecker::new();
     let published = load(bed.as_ref(), &checker, "newest", 10, 20).await.len();
-    let Subscription { mut events, control } = subscribe(bed.as_ref()).await;
+    let Subscription {
+        mut events, control, ..
+    } = subscribe(bed.as_ref()).await;
     let mut last: BTreeMap<SourceId, Offset> = BTreeMap::new();
     let mut tokens: BTreeMap<SourceId, u64> = BTreeMap::new();
     let mut received = 0;

@@ -65,13 +65,7 @@ pub fn scripted_with(reported: Reported) -> (Script, Subscription) {
         script: script.clone(),
         reported,
     };
-    (
-        script,
-        Subscription {
-            events: rx,
-            control: Box::new(control),
-        },
-    )
+    (script, Subscription::new(rx, Box::new(control)))
 }
 
 /// A message with a key (`None`: keyless) and a payload.

@@ -120,9 +120,6 @@ impl Transport for AmqpTransport {
         // error of `subscribe`, not a silent retry loop.
         let member = member::join(shared.clone()).await?;
         tokio::spawn(member::run(shared.clone(), member));
-        Ok(Subscription {
-            events: rx,
-            control: Box::new(MemberControl::new(shared)),
-        })
+        Ok(Subscription::new(rx, Box::new(MemberControl::new(shared))))
     }
 }

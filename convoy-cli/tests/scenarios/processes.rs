@@ -515,3 +515,73 @@ async fn wait_parked(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Exactly once from a Kafka topic to a Kafka topic: a `convoy consume --forward-to` member
+/// with a transactional id (and a static group membership, as a pod would have: a restart
+/// takes its partitions back at once) is SIGKILLed ten times mid-run and restarted with the
+/// same ids. A `read_committed` reader of the output topic then finds every input once, in
+/// per-key order — while the members handled many inputs more than once. `url` names the
+/// group and the input topic.
+pub async fn forwarding_exactly_once_survives_kill_9(url: &str, topic: &str) {
+    const KEYS: usize = 20;
+    const PER_KEY: usize = 100;
+    const KILLS: usize = 10;
+    let out = format!("{topic}-out");
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    connection.create_topic(&out, 4).await.unwrap();
+    let checker = OrderChecker::new();
+    publish_load(
+        connection.publisher(topic).unwrap().as_ref(),
+        &checker,
+        "key-",
+        KEYS,
+        PER_KEY,
+    )
+    .await
+    .unwrap();
+    let total = KEYS * PER_KEY;
+    let log = Log::new(&format!("{topic}-forward"));
+    let member_url = format!("{url}&transactional_id={topic}-member&group.instance.id={topic}-member");
+    // 2 ms a message and a commit every 100 ms: each kill finds handled, uncommitted inputs
+    // whose outputs are staged or in a transaction.
+    let args = ["--forward-to", out.as_str(), "--work-ms", "2"];
+    let mut member = Member::start_with(&member_url, &log.0, &args);
+    for kill in 1..=KILLS {
+        tokio::task::block_in_place(|| log.wait_handled(total * kill / (KILLS + 2)));
+        drop(member); // SIGKILL
+        member = Member::start_with(&member_url, &log.0, &args);
+    }
+    tokio::task::block_in_place(|| log.wait_handled(total));
+    assert!(member.leave(), "the last member did not leave cleanly");
+    // The reader is convoy's (librdkafka, isolation.level=read_committed by default).
+    let outputs = connection.read_topic(&out).await.unwrap();
+    let mut ids = HashSet::new();
+    for output in &outputs {
+        let key = output.key.clone().expect("outputs keep their input's key");
+        let seq: u64 = std::str::from_utf8(&output.payload).unwrap().parse().unwrap();
+        checker.handled(&key, seq, None);
+        let id = output.headers.get_str(convoy::EVENT_ID_HEADER).unwrap();
+        assert!(
+            id.ends_with("/out/0"),
+            "an output's id derives from its input's: {id}"
+        );
+        ids.insert(id.to_owned());
+    }
+    let report = checker.report();
+    let handled = log.lines().len();
+    println!(
+        "exactly once through {KILLS} SIGKILLs: {total} inputs, {handled} handlings (the members \
+         handled {} again), {} outputs read committed, {} duplicates, {} lost, {} order violations",
+        handled - total,
+        outputs.len(),
+        report.duplicates,
+        report.lost,
+        report.order_violations
+    );
+    assert_eq!(report.lost, 0, "{report:#?}");
+    assert_eq!(report.duplicates, 0, "an output was committed twice: {report:#?}");
+    assert_eq!(report.order_violations, 0, "{report:#?}");
+    assert_eq!(outputs.len(), total);
+    assert_eq!(ids.len(), total);
+}

@@ -50,9 +50,10 @@ pub(crate) struct LaneContext {
 impl LaneContext {
     /// The same context for consumer group `group` (its dead-letter reasons and metrics, a
     /// view of its parked keys of its own).
-    pub fn in_group(&self, group: &str) -> LaneContext {
+    /// `handler`, if given, replaces the engine's (a transform bound to a subscription's outbox).
+    pub fn in_group(&self, group: &str, handler: Option<Arc<dyn Handler>>) -> LaneContext {
         LaneContext {
-            handler: self.handler.clone(),
+            handler: handler.unwrap_or_else(|| self.handler.clone()),
             retry: self.retry,
             dead_letter_backoff: self.dead_letter_backoff,
             sink: self.sink.clone(),

@@ -42,6 +42,7 @@ use crate::handler::Handler;
 use crate::idempotency::{Idempotency, IdempotencyStore, MemoryIdempotencyStore};
 use crate::message::{Offset, SourceId};
 use crate::metrics::LaneMetrics;
+use crate::transform::{Transform, Transformer};
 use crate::transport::{Subscription, Transport, TransportError};
 
 /// What an engine did, returned when it stops.
@@ -80,6 +81,8 @@ pub struct EngineBuilder {
     handler: Arc<dyn Handler>,
     /// A batch handler's gatherer (`handler` is it too), if the engine runs one.
     batched: Option<Arc<Batched>>,
+    /// A transform, bound to each subscription's outbox when the engine runs on it.
+    transform: Option<Arc<dyn Transform>>,
     config: EngineConfig,
     sink: Option<Arc<dyn DeadLetterSink>>,
     idempotency: Option<Idempotency>,
@@ -90,6 +93,7 @@ impl EngineBuilder {
         EngineBuilder {
             handler,
             batched,
+            transform: None,
             config: EngineConfig::default(),
             sink: None,
             idempotency: Some(Idempotency::Memory(Arc::new(MemoryIdempotencyStore::default()))),
@@ -160,6 +164,7 @@ impl EngineBuilder {
                     .then(|| Arc::new(Parking::new(self.config.group_or_default()))),
             }),
             config: self.config,
+            transform: self.transform,
         })
     }
 }
@@ -168,6 +173,7 @@ impl EngineBuilder {
 pub struct Engine {
     config: EngineConfig,
     context: Arc<LaneContext>,
+    transform: Option<Arc<dyn Transform>>,
 }
 
 impl Engine {
@@ -188,6 +194,24 @@ impl Engine {
     ) -> Result<EngineBuilder, ConfigError> {
         let batched = Arc::new(Batched::new(Arc::new(handler), batch)?);
         Ok(EngineBuilder::new(batched.clone(), Some(batched)))
+    }
+
+    /// Starts building an engine around a transform: what it returns for a message is published
+    /// through the subscription's outbox — on Kafka with a transactional id in one transaction
+    /// with the commit that covers the message (exactly once), elsewhere before the message is
+    /// finished, with ids derived from its event id (see [`transform`](crate::transform)).
+    pub fn transform_builder(transform: impl Transform) -> EngineBuilder {
+        let transform: Arc<dyn Transform> = Arc::new(transform);
+        // Every run binds the transform to its own subscription's outbox (`spawn_in`); until
+        // then the handler has none.
+        let unbound = Transformer {
+            transform: transform.clone(),
+            outbox: Arc::new(crate::transform::Unbound),
+        };
+        EngineBuilder {
+            transform: Some(transform),
+            ..EngineBuilder::new(Arc::new(unbound), None)
+        }
     }
 
     /// The configuration in use.
@@ -230,10 +254,24 @@ impl Engine {
     fn spawn_in(&self, subscription: Subscription, group: Option<String>) -> EngineHandle {
         let mut config = self.config.clone();
         config.group = group.unwrap_or_else(|| config.group_or_default().to_owned());
-        // A group of its own, or parked keys: a context of its own (each run reads its group's
-        // parked keys afresh).
-        let context = match config.group != self.context.group || config.park_keys {
-            true => Arc::new(self.context.in_group(&config.group)),
+        let bound = match (&self.transform, &subscription.outbox) {
+            (None, _) => None,
+            (Some(transform), Some(outbox)) => Some(Arc::new(Transformer {
+                transform: transform.clone(),
+                outbox: outbox.clone(),
+            }) as Arc<dyn crate::handler::Handler>),
+            (Some(_), None) => return EngineHandle::unfit(
+                subscription,
+                ConfigError::invalid(
+                    "transform",
+                    "this subscription has no outbox for a transform's outputs: start the engine on a convoy connection (convoy::connect), whose subscriptions have one",
+                ),
+            ),
+        };
+        // A group of its own, parked keys or a transform: a context of its own (each run reads
+        // its group's parked keys afresh, and binds the transform to its own outbox).
+        let context = match config.group != self.context.group || config.park_keys || bound.is_some() {
+            true => Arc::new(self.context.in_group(&config.group, bound)),
             false => self.context.clone(),
         };
         let (signals, signals_rx) = watch::channel(0u8);
@@ -336,6 +374,24 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
+    /// An engine that ends at once with `error` (a configuration that does not fit its
+    /// subscription), leaving the group first.
+    fn unfit(subscription: Subscription, error: ConfigError) -> EngineHandle {
+        let (signals, _) = watch::channel(0u8);
+        let (inspector, _) = mpsc::channel(1);
+        let control = subscription.control;
+        EngineHandle {
+            stopper: Stopper(Arc::new(signals)),
+            task: tokio::spawn(async move {
+                let _ = control.close().await;
+                Err(EngineError::Config(error))
+            }),
+            shard_aborts: Vec::new(),
+            stats: Arc::new(EngineStats::new(0)),
+            inspector: Inspector(inspector),
+        }
+    }
+
     /// Asks for a graceful shutdown: stop fetching, let lanes finish (up to the drain
     /// timeout), commit, close. A second call aborts the drain (then commits what finished).
     pub fn shutdown(&self) {

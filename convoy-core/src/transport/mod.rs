@@ -226,6 +226,21 @@ pub struct Subscription {
     pub events: EventReceiver,
     /// Flow control and commits.
     pub control: Box<dyn SourceControl>,
+    /// Where a transform's outputs go when this subscription's commits carry them (Kafka with a
+    /// transactional id); `None` where outputs are simply published (the facade's connection
+    /// gives those a [`PublishingOutbox`](crate::transform::PublishingOutbox)).
+    pub outbox: Option<std::sync::Arc<dyn crate::transform::Outbox>>,
+}
+
+impl Subscription {
+    /// A subscription with no outbox of its own.
+    pub fn new(events: EventReceiver, control: Box<dyn SourceControl>) -> Self {
+        Subscription {
+            events,
+            control,
+            outbox: None,
+        }
+    }
 }
 
 impl fmt::Debug for Subscription {

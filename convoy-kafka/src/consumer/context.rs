@@ -72,6 +72,9 @@ impl ConvoyContext {
                 let source = source_id(e.topic(), e.partition());
                 match e.offset() {
                     KafkaOffset::Offset(next) if next >= 0 => {
+                        if let Some(transactions) = &shared.transactions {
+                            transactions.prune(&(e.topic().to_owned(), e.partition()), next);
+                        }
                         let next = next as Offset;
                         Assignment {
                             finished_above: offset_map::decode(next, e.metadata()),

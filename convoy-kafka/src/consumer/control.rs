@@ -141,6 +141,15 @@ impl SourceControl for KafkaControl {
         }
         let committing = Committing(self.committing.clone());
         let shared = self.shared.clone();
+        if let Some(transactions) = shared.transactions.clone() {
+            let commits = commits.to_vec();
+            return tokio::task::spawn_blocking(move || {
+                let _committing = committing;
+                transactions.commit(&consumer, &plain, &commits)
+            })
+            .await
+            .map_err(|e| TransportError::broker("commit task", e))?;
+        }
         let result = tokio::task::spawn_blocking(move || {
             let _committing = committing;
             match consumer.commit(&with_maps, CommitMode::Sync) {

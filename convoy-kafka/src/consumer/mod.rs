@@ -9,7 +9,8 @@
 //!   partitions does not run hundreds of threads.
 //!
 //! By job: [`context`] runs rebalances (assign, revoke with its deadline, lost), `pollers` the
-//! partitions' queues and the threads that poll them, `control` pause/resume/commit/close.
+//! partitions' queues and the threads that poll them, `control` pause/resume/commit/close,
+//! `transaction` the commits of a member with a transactional id (exactly once to Kafka).
 //!
 //! Memory: with split queues librdkafka's prefetch limits apply per partition, so they are
 //! derived from the engine's [`PrefetchLimit`] divided over every partition of the subscribed
@@ -19,6 +20,7 @@ mod context;
 mod control;
 mod outage;
 mod pollers;
+mod transaction;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -34,6 +36,7 @@ use rdkafka::Message as _;
 pub use self::context::ConvoyContext;
 use self::control::KafkaControl;
 use self::pollers::Pollers;
+use self::transaction::{KafkaOutbox, Transactions};
 use crate::config::{KafkaConfig, Prefetch};
 use crate::fatal;
 
@@ -72,6 +75,8 @@ struct Shared {
     prefetch: Prefetch,
     /// The offset-map limit in force (lowered to 0 if the broker refuses the metadata size).
     offset_map_max: AtomicUsize,
+    /// The transactional producer commits go through, with a transactional id.
+    transactions: Option<Arc<Transactions>>,
 }
 
 impl Shared {
@@ -189,6 +194,19 @@ impl Transport for KafkaTransport {
         let partitions = self.partition_count().await?;
         let prefetch = Prefetch::divide(limit, partitions);
         tracing::debug!(partitions, ?prefetch, "prefetch per partition");
+        // Before joining: registering the id fences a predecessor with the same id and aborts
+        // its open transaction, so its offsets are settled before this member reads them.
+        let transactions = match &self.config.transactional_id {
+            Some(id) => {
+                let (config, id) = (self.config.clone(), id.clone());
+                Some(Arc::new(
+                    tokio::task::spawn_blocking(move || Transactions::init(&config, &id))
+                        .await
+                        .map_err(|e| TransportError::broker("registering the transactional id", e))??,
+                ))
+            }
+            None => None,
+        };
         let (events, rx) = event_channel(EVENT_CAPACITY);
         let shared = Arc::new(Shared {
             events,
@@ -201,7 +219,8 @@ impl Transport for KafkaTransport {
             revoke_timeout: self.config.revoke_timeout(),
             newest_offset_timeout: self.config.newest_offset_timeout(),
             prefetch,
-            offset_map_max: AtomicUsize::new(self.config.offset_map_max_bytes),
+            offset_map_max: AtomicUsize::new(self.config.offset_map_limit()),
+            transactions: transactions.clone(),
         });
         let context = ConvoyContext {
             shared: shared.clone(),
@@ -239,9 +258,10 @@ impl Transport for KafkaTransport {
                 }
             })
             .map_err(|e| TransportError::broker("starting the Kafka poll thread", e))?;
-        Ok(Subscription {
-            events: rx,
-            control: Box::new(KafkaControl::new(consumer, shared, main)),
-        })
+        let mut subscription = Subscription::new(rx, Box::new(KafkaControl::new(consumer, shared, main)));
+        if let Some(transactions) = transactions {
+            subscription.outbox = Some(Arc::new(KafkaOutbox(transactions)));
+        }
+        Ok(subscription)
     }
 }

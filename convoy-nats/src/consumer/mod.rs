@@ -150,9 +150,6 @@ impl Transport for NatsTransport {
         });
         let member = joined.into_member(shared.clone());
         tokio::spawn(member::run(shared.clone(), member));
-        Ok(Subscription {
-            events: rx,
-            control: Box::new(MemberControl::new(shared)),
-        })
+        Ok(Subscription::new(rx, Box::new(MemberControl::new(shared))))
     }
 }

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use convoy_core::{
-    DeadLetterSink, Message, PrefetchLimit, Publisher, Subscription, Transport, TransportError,
+    DeadLetterSink, Message, PrefetchLimit, Publisher, PublishingOutbox, Subscription, Transport,
+    TransportError,
 };
 
 mod topics;
@@ -376,7 +377,25 @@ impl Transport for Connection {
 
     /// Joins the group and consumes the configured topics, the broker client prefetching at
     /// most `limit` (what [`convoy_core::Engine::start`] derives from its back-pressure bounds).
+    ///
+    /// A transform's outputs go through the subscription's own outbox where it has one (Kafka
+    /// with a transactional id: exactly once), else through this connection's publishers.
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
+        let mut subscription = self.subscribe_backend(limit).await?;
+        if subscription.outbox.is_none() {
+            let publishing = self.with(|_| {});
+            subscription.outbox = Some(Arc::new(PublishingOutbox::new(move |topic| {
+                publishing
+                    .publisher(topic)
+                    .map_err(|e| TransportError::broker(format!("publishing to {topic}"), e))
+            })));
+        }
+        Ok(subscription)
+    }
+}
+
+impl Connection {
+    async fn subscribe_backend(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
         if self.endpoint.topics.is_empty() {
             return Err(no_topics());
         }
