@@ -315,3 +315,30 @@ async fn parked_keys_survive_kill_9_and_replay_in_order() {
     let _clean = CleanUp(url.clone(), topic.clone());
     scenarios::processes::parked_keys_survive_kill_9(&url, &topic).await;
 }
+
+/// Forwarding on RabbitMQ: a member SIGKILLed ten times mid-run publishes outputs again with
+/// the same `message_id`; a convoy consumer of the output handles each once, in per-key order
+/// (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_survives_ten_kill_9_deduplicated_by_message_id() {
+    let Some(uri) = uri() else { return };
+    let topic = unique("forward");
+    let out = format!("{topic}-out");
+    let url = url(&uri, &unique("forward-group"), &topic);
+    let reader = unique("forward-reader");
+    let _clean = (
+        CleanUp(url.clone(), topic.clone()),
+        CleanUp(url.clone(), out.clone()),
+    );
+    scenarios::processes::forwarding_survives_kill_9(
+        &url,
+        &topic,
+        &out,
+        "",
+        scenarios::processes::Downstream::Group {
+            url: self::url(&uri, &reader, &out),
+            group: reader,
+        },
+    )
+    .await;
+}

@@ -202,5 +202,13 @@ async fn exactly_once_forwarding_survives_ten_kill_9() {
     let Some(bootstrap) = bootstrap() else { return };
     let topic = unique("eos");
     let url = format!("{}&partitions=4", url(&bootstrap, &unique("eos-group"), &topic));
-    scenarios::processes::forwarding_exactly_once_survives_kill_9(&url, &topic).await;
+    let member = format!("&transactional_id={topic}-member&group.instance.id={topic}-member");
+    scenarios::processes::forwarding_survives_kill_9(
+        &url,
+        &topic,
+        &format!("{topic}-out"),
+        &member,
+        scenarios::processes::Downstream::Topic,
+    )
+    .await;
 }

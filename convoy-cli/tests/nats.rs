@@ -220,3 +220,26 @@ async fn parked_keys_survive_kill_9_and_replay_in_order() {
     let _clean = CleanUp(url.clone(), topic.clone());
     scenarios::processes::parked_keys_survive_kill_9(&url, &topic).await;
 }
+
+/// Forwarding on NATS: a member SIGKILLed ten times mid-run publishes outputs again with the
+/// same `Nats-Msg-Id`; the output stream keeps each once, in per-key order
+/// (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_survives_ten_kill_9_deduplicated_by_msg_id() {
+    let Some(server) = server() else { return };
+    let topic = unique("forward");
+    let out = format!("{topic}-out");
+    let url = url(&server, &unique("forward-group"), &topic);
+    let _clean = (
+        CleanUp(url.clone(), topic.clone()),
+        CleanUp(url.clone(), out.clone()),
+    );
+    scenarios::processes::forwarding_survives_kill_9(
+        &url,
+        &topic,
+        &out,
+        "",
+        scenarios::processes::Downstream::Topic,
+    )
+    .await;
+}
