@@ -212,3 +212,16 @@ async fn exactly_once_forwarding_survives_ten_kill_9() {
     )
     .await;
 }
+
+/// Exactly once to Kafka: a forwarding member frozen with uncommitted work while another takes
+/// its partitions, then thawed, commits nothing (scenarios/processes.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_forwarder_commits_nothing_after_thawing() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("zombie");
+    let url = format!(
+        "{}&partitions=4",
+        url(&bootstrap, &unique("zombie-group"), &topic)
+    );
+    scenarios::processes::a_frozen_forwarder_commits_nothing_after_thawing(&url, &topic).await;
+}

@@ -586,31 +586,22 @@ pub async fn forwarding_survives_kill_9(
         drop(member); // SIGKILL
         member = Member::start_with(&member_url, &log.0, &args);
     }
-    tokio::task::block_in_place(|| log.wait_handled(total));
-    assert!(member.leave(), "the last member did not leave cleanly");
-    let handled = log.lines().len();
+    // Done when everything is downstream (a member's log is not enough: a restarted member
+    // may have handled again only part of what its predecessor handled and never committed).
     let (outputs, seen) = match downstream {
         Downstream::Topic => {
+            wait_forwarded(&connection, out, total).await;
+            assert!(member.leave(), "the last member did not leave cleanly");
+            // Read again once it left: nothing may have come since.
             let outputs = connection.read_topic(out).await.unwrap();
-            let mut ids = HashSet::new();
-            for output in &outputs {
-                let key = output.key.clone().expect("outputs keep their input's key");
-                let seq: u64 = std::str::from_utf8(&output.payload).unwrap().parse().unwrap();
-                checker.handled(&key, seq, None);
-                let id = output.headers.get_str(convoy::EVENT_ID_HEADER).unwrap();
-                assert!(
-                    id.ends_with("/out/0"),
-                    "an output's id derives from its input's: {id}"
-                );
-                ids.insert(id.to_owned());
-            }
-            assert_eq!(ids.len(), outputs.len(), "two outputs share an id");
+            check_outputs(&checker, &outputs);
             (outputs.len(), "read whole".to_owned())
         }
         Downstream::Group { url, .. } => {
             let reader_log = Log::new(&format!("{topic}-reader"));
             let mut reader = Member::start(&url, &reader_log.0);
             tokio::task::block_in_place(|| reader_log.wait_handled(total));
+            assert!(member.leave(), "the last member did not leave cleanly");
             reader.signal("INT");
             assert!(super::wait_exit(&mut reader.0).success());
             let summary = reader.stderr();
@@ -635,6 +626,7 @@ pub async fn forwarding_survives_kill_9(
             )
         }
     };
+    let handled = log.lines().len();
     let report = checker.report();
     println!(
         "forwarding through {KILLS} SIGKILLs: {total} inputs, {handled} handlings (the members \
@@ -648,4 +640,117 @@ pub async fn forwarding_survives_kill_9(
     assert_eq!(report.duplicates, 0, "an output came twice: {report:#?}");
     assert_eq!(report.order_violations, 0, "{report:#?}");
     assert_eq!(outputs, total);
+}
+
+/// Reads `out` whole until it holds `total` messages (at most two minutes).
+async fn wait_forwarded(connection: &convoy::Connection, out: &str, total: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let outputs = connection.read_topic(out).await.unwrap();
+        if outputs.len() >= total {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {total} outputs arrived",
+            outputs.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Records each output (its payload is its input's sequence number) with the checker, and
+/// checks its id derives from its input's and no two share one.
+fn check_outputs(checker: &OrderChecker, outputs: &[convoy::Message]) {
+    let mut ids = HashSet::new();
+    for output in outputs {
+        let key = output.key.clone().expect("outputs keep their input's key");
+        let seq: u64 = std::str::from_utf8(&output.payload).unwrap().parse().unwrap();
+        checker.handled(&key, seq, None);
+        let id = output.headers.get_str(convoy::EVENT_ID_HEADER).unwrap();
+        assert!(
+            id.ends_with("/out/0"),
+            "an output's id derives from its input's: {id}"
+        );
+        ids.insert(id.to_owned());
+    }
+    assert_eq!(ids.len(), outputs.len(), "two outputs share an id");
+}
+
+/// Kafka: a forwarding member with a transactional id is frozen (SIGSTOP) with inputs handled
+/// and not committed — their outputs staged, perhaps in an open transaction — while a second
+/// member, with an id of its own, takes its partitions once its session expired and forwards
+/// everything; then it is thawed (SIGCONT). Whatever the zombie still tries fails: its group
+/// generation is stale (`send_offsets_to_transaction` carries it) and a transaction it had open
+/// was aborted by the broker's timeout, which also held the new owner's committed offsets until
+/// then. A `read_committed` reader finds every output once, in per-key order.
+pub async fn a_frozen_forwarder_commits_nothing_after_thawing(url: &str, topic: &str) {
+    const KEYS: usize = 20;
+    const PER_KEY: usize = 100;
+    let out = format!("{topic}-out");
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    connection.create_topic(&out, 4).await.unwrap();
+    let checker = OrderChecker::new();
+    publish_load(
+        connection.publisher(topic).unwrap().as_ref(),
+        &checker,
+        "key-",
+        KEYS,
+        PER_KEY,
+    )
+    .await
+    .unwrap();
+    let total = KEYS * PER_KEY;
+    let (zombie_log, other_log) = (
+        Log::new(&format!("{topic}-zombie")),
+        Log::new(&format!("{topic}-other")),
+    );
+    let args = ["--forward-to", out.as_str(), "--work-ms", "5"];
+    let zombie = Member::start_with(&format!("{url}&transactional_id={topic}-a"), &zombie_log.0, &args);
+    tokio::task::block_in_place(|| zombie_log.wait_handled(total / 4));
+    zombie.signal("STOP");
+    let other = Member::start_with(&format!("{url}&transactional_id={topic}-b"), &other_log.0, &args);
+    wait_forwarded(&connection, &out, total).await;
+    zombie.signal("CONT");
+    // The zombie finds out: its session is gone (the assignment is lost, nothing committed) or
+    // a commit it tries is refused and its transaction aborted.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let said = loop {
+        let err = zombie.stderr();
+        let telling: Vec<&str> = err
+            .lines()
+            .filter(|l| {
+                ["assignment lost", "aborted", "fatal", "fenced"]
+                    .iter()
+                    .any(|w| l.contains(w))
+            })
+            .collect();
+        if !telling.is_empty() {
+            break telling.join("\n");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the thawed member never noticed:\n{err}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let _ = zombie.leave(); // it may have ended by itself, fenced
+    assert!(other.leave());
+    let outputs = connection.read_topic(&out).await.unwrap();
+    check_outputs(&checker, &outputs);
+    let report = checker.report();
+    println!(
+        "a frozen forwarder: it handled {} inputs, the other {}; {} outputs read committed, {} duplicates, {} lost, {} order violations; the zombie said:\n{said}",
+        zombie_log.lines().len(),
+        other_log.lines().len(),
+        outputs.len(),
+        report.duplicates,
+        report.lost,
+        report.order_violations
+    );
+    assert_eq!(report.lost, 0, "{report:#?}");
+    assert_eq!(report.duplicates, 0, "an output was committed twice: {report:#?}");
+    assert_eq!(report.order_violations, 0, "{report:#?}");
+    assert_eq!(outputs.len(), total);
 }
