@@ -256,10 +256,13 @@ impl Engine {
         config.group = group.unwrap_or_else(|| config.group_or_default().to_owned());
         let bound = match (&self.transform, &subscription.outbox) {
             (None, _) => None,
-            (Some(transform), Some(outbox)) => Some(Arc::new(Transformer {
+            (Some(transform), Some(outbox)) => Some({
+                tracing::info!(guarantee = ?outbox.guarantee(), "a transform's outputs go through the subscription's outbox");
+                Arc::new(Transformer {
                 transform: transform.clone(),
-                outbox: outbox.clone(),
-            }) as Arc<dyn crate::handler::Handler>),
+                    outbox: outbox.clone(),
+                }) as Arc<dyn crate::handler::Handler>
+            }),
             (Some(_), None) => return EngineHandle::unfit(
                 subscription,
                 ConfigError::invalid(
