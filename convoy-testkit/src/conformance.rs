@@ -26,6 +26,7 @@ pub use crate::parking::parked_key_waits_for_its_replay;
 use crate::probe::{
     self, decode_seq, probe_key, BatchLog, BatchProbe, FaultPlan, Latency, ProbeHandler, RecordingSink,
 };
+pub use crate::transforms::transform_outputs_follow_their_inputs;
 
 /// What a transport can and cannot do, declared once instead of weakening a case.
 #[derive(Clone, Copy, Debug)]
@@ -140,6 +141,7 @@ macro_rules! conformance_tests {
             poison_input_dead_letters_with_reasons,
             newest_offsets_cover_what_was_received,
             parked_key_waits_for_its_replay,
+            transform_outputs_follow_their_inputs,
         );
     };
     (@cases $target:expr; $($case:ident),* $(,)?) => {

@@ -17,6 +17,7 @@
 //! - [`restarts`]: a broker killed and restarted twice under load, nothing lost;
 //! - [`scenario`]: the benchmark scenario runner (load, latency histogram, order check, baseline);
 //! - [`script`]: a hand-driven subscription, for engine tests that play the transport;
+//! - [`transforms`]: the conformance case of transforms (outputs through the outbox, ids derived);
 //! - [`support`]: unique names, test logs, clean-up off the test's runtime, waiting for late arrivals;
 //! - [`timer`]: an async wait that lasts what it is given, for benchmarks' work.
 
@@ -35,6 +36,7 @@ pub mod scenario;
 pub mod script;
 pub mod support;
 pub mod timer;
+pub mod transforms;
 
 pub use checker::{CheckReport, OrderChecker};
 pub use convoy_memory::{Faults, MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
