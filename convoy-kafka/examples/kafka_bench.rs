@@ -6,7 +6,8 @@
 //! ```
 //! Scenarios: `seed` (50,000 messages, 10 keys, 10 % transient once, backoff 1 ms ×2 cap 100 ms
 //! full jitter; a live producer, latency produce → handled), `keys` (1,000 keys, no-op handler,
-//! pre-filled topic drained), `work` (1,000 keys, 1 ms of async work per message, drained).
+//! pre-filled topic drained), `work` (1,000 keys, 1 ms of async work per message, drained);
+//! `--keys` and `--work-us` change them (`scripts/bench/curves` sweeps both).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -43,6 +44,12 @@ struct Args {
     /// Override the scenario's message count.
     #[arg(long)]
     messages: Option<u64>,
+    /// Override the scenario's key count (the sweeps of `scripts/bench/curves`).
+    #[arg(long)]
+    keys: Option<usize>,
+    /// Override the handler's work: this many microseconds of async work per message (0: none).
+    #[arg(long)]
+    work_us: Option<u64>,
     /// Partitions of the benchmark topic.
     #[arg(long, default_value_t = 8)]
     partitions: u32,
@@ -87,10 +94,15 @@ fn scenario(args: &Args) -> Scenario {
         Name::Keys => "keys",
         Name::Work => "work",
     };
+    let latency = match args.work_us {
+        None => latency,
+        Some(0) => Latency::None,
+        Some(us) => Latency::Exact(Duration::from_micros(us)),
+    };
     let mut s = Scenario {
         name: name.to_owned(),
         messages: args.messages.unwrap_or(messages),
-        keys,
+        keys: args.keys.unwrap_or(keys),
         partitions: args.partitions.max(1),
         transient_rate,
         latency,
