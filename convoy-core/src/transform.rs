@@ -204,12 +204,13 @@ pub(crate) struct Transformer {
 #[async_trait]
 impl Handler for Transformer {
     async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
-        let input = delivery.event_id();
-        let message = delivery.message().clone();
+        // A delivery shares its message: keeping one costs a reference count, not a copy.
+        let kept = delivery.clone();
         let mut outputs = (*self.transform).transform(delivery).await?;
         if outputs.is_empty() {
             return Ok(());
         }
+        let input = kept.event_id();
         for (index, output) in outputs.iter_mut().enumerate() {
             if output.message.headers.get(EVENT_ID_HEADER).is_none() {
                 output
@@ -218,7 +219,7 @@ impl Handler for Transformer {
                     .insert(EVENT_ID_HEADER, output_id(&input, index));
             }
         }
-        (*self.outbox).put(&message, outputs).await.map_err(|e| {
+        (*self.outbox).put(kept.message(), outputs).await.map_err(|e| {
             let class = match e.is_fatal() {
                 true => ErrorClass::Terminal,
                 false => ErrorClass::Transient,

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod snippet;
+
 // README:BEGIN
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -136,11 +138,9 @@ async fn the_readme_ledger_on_nats() {
 
 #[test]
 fn the_readme_shows_this_code() {
-    let this = include_str!("readme.rs");
-    let snippet = &this[this.find("// README:BEGIN\n").unwrap() + 16..this.find("// README:END").unwrap()];
-    let readme = include_str!("../../README.md");
+    let snippet = snippet::between_markers(include_str!("readme.rs"));
     assert!(
-        readme.contains(snippet),
+        include_str!("../../README.md").contains(snippet),
         "README.md's handler must be the code tested here"
     );
 }

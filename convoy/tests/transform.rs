@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod snippet;
+
 // README:BEGIN
 use std::time::Duration;
 
@@ -127,11 +129,9 @@ async fn a_transform_needs_an_outbox() {
 
 #[test]
 fn the_readme_shows_this_code() {
-    let this = include_str!("transform.rs");
-    let snippet = &this[this.find("// README:BEGIN\n").unwrap() + 16..this.find("// README:END").unwrap()];
-    let readme = include_str!("../../README.md");
+    let snippet = snippet::between_markers(include_str!("transform.rs"));
     assert!(
-        readme.contains(snippet),
+        include_str!("../../README.md").contains(snippet),
         "README.md must show tests/transform.rs's snippet verbatim"
     );
 }

@@ -547,34 +547,14 @@ pub async fn forwarding_survives_kill_9(
     member_params: &str,
     downstream: Downstream,
 ) {
-    const KEYS: usize = 20;
-    const PER_KEY: usize = 100;
     const KILLS: usize = 10;
-    let connection = convoy::connect(url).await.unwrap();
-    connection.create_topics().await.unwrap();
     // The reader's own connection declares its group (on RabbitMQ its queues dead-letter to
     // the reader's dead-letter topic).
     let (declaring, groups) = match &downstream {
-        Downstream::Group { url, group } => (convoy::connect(url).await.unwrap(), vec![group.clone()]),
-        Downstream::Topic => (convoy::connect(url).await.unwrap(), Vec::new()),
+        Downstream::Group { url, group } => (url.as_str(), vec![group.clone()]),
+        Downstream::Topic => (url, Vec::new()),
     };
-    let spec = convoy::TopicSpec {
-        partitions: 4,
-        groups,
-        replication: None,
-    };
-    declaring.declare_topic(out, &spec).await.unwrap();
-    let checker = OrderChecker::new();
-    publish_load(
-        connection.publisher(topic).unwrap().as_ref(),
-        &checker,
-        "key-",
-        KEYS,
-        PER_KEY,
-    )
-    .await
-    .unwrap();
-    let total = KEYS * PER_KEY;
+    let (connection, checker, total) = forwarding_load(url, topic, out, declaring, groups).await;
     let log = Log::new(&format!("{topic}-forward"));
     let member_url = format!("{url}{member_params}");
     // 2 ms a message and a commit every 100 ms: each kill finds handled, uncommitted inputs
@@ -636,6 +616,49 @@ pub async fn forwarding_survives_kill_9(
         report.lost,
         report.order_violations
     );
+    assert_once(&report, outputs, total);
+}
+
+/// The input `topic` created and loaded with 20 keys × 100 probe messages, the output `out`
+/// declared (4 partitions) through a connection to `declaring` with `groups`: the input's
+/// connection, the checker that knows what was published, and how many.
+async fn forwarding_load(
+    url: &str,
+    topic: &str,
+    out: &str,
+    declaring: &str,
+    groups: Vec<String>,
+) -> (convoy::Connection, OrderChecker, usize) {
+    const KEYS: usize = 20;
+    const PER_KEY: usize = 100;
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let spec = convoy::TopicSpec {
+        partitions: 4,
+        groups,
+        replication: None,
+    };
+    convoy::connect(declaring)
+        .await
+        .unwrap()
+        .declare_topic(out, &spec)
+        .await
+        .unwrap();
+    let checker = OrderChecker::new();
+    publish_load(
+        connection.publisher(topic).unwrap().as_ref(),
+        &checker,
+        "key-",
+        KEYS,
+        PER_KEY,
+    )
+    .await
+    .unwrap();
+    (connection, checker, KEYS * PER_KEY)
+}
+
+/// Every output came once (`outputs` of `total`), nothing lost, in per-key order.
+fn assert_once(report: &convoy_testkit::CheckReport, outputs: usize, total: usize) {
     assert_eq!(report.lost, 0, "{report:#?}");
     assert_eq!(report.duplicates, 0, "an output came twice: {report:#?}");
     assert_eq!(report.order_violations, 0, "{report:#?}");
@@ -685,23 +708,8 @@ fn check_outputs(checker: &OrderChecker, outputs: &[convoy::Message]) {
 /// was aborted by the broker's timeout, which also held the new owner's committed offsets until
 /// then. A `read_committed` reader finds every output once, in per-key order.
 pub async fn a_frozen_forwarder_commits_nothing_after_thawing(url: &str, topic: &str) {
-    const KEYS: usize = 20;
-    const PER_KEY: usize = 100;
     let out = format!("{topic}-out");
-    let connection = convoy::connect(url).await.unwrap();
-    connection.create_topics().await.unwrap();
-    connection.create_topic(&out, 4).await.unwrap();
-    let checker = OrderChecker::new();
-    publish_load(
-        connection.publisher(topic).unwrap().as_ref(),
-        &checker,
-        "key-",
-        KEYS,
-        PER_KEY,
-    )
-    .await
-    .unwrap();
-    let total = KEYS * PER_KEY;
+    let (connection, checker, total) = forwarding_load(url, topic, &out, url, Vec::new()).await;
     let (zombie_log, other_log) = (
         Log::new(&format!("{topic}-zombie")),
         Log::new(&format!("{topic}-other")),
@@ -749,8 +757,5 @@ pub async fn a_frozen_forwarder_commits_nothing_after_thawing(url: &str, topic: 
         report.lost,
         report.order_violations
     );
-    assert_eq!(report.lost, 0, "{report:#?}");
-    assert_eq!(report.duplicates, 0, "an output was committed twice: {report:#?}");
-    assert_eq!(report.order_violations, 0, "{report:#?}");
-    assert_eq!(outputs.len(), total);
+    assert_once(&report, outputs.len(), total);
 }
