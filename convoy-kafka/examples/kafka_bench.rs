@@ -5,9 +5,11 @@
 //! cargo run --release -p convoy-kafka --example kafka_bench -- --bootstrap 127.0.0.1:9092 --scenario seed --json
 //! ```
 //! Scenarios: `seed` (50,000 messages, 10 keys, 10 % transient once, backoff 1 ms ×2 cap 100 ms
-//! full jitter; a live producer, latency produce → handled), `keys` (1,000 keys, no-op handler,
-//! pre-filled topic drained), `work` (1,000 keys, 1 ms of async work per message, drained);
-//! `--keys` and `--work-us` change them (`scripts/bench/curves` sweeps both).
+//! full jitter; a live producer, latency produce → handled), `seed-load` (1,000 keys, no-op
+//! handler, no failures, a live producer offering `--rate` msg/s for `--duration` seconds),
+//! `keys` (1,000 keys, no-op handler, pre-filled topic drained), `work` (1,000 keys, 1 ms of async
+//! work per message, drained); `--keys`, `--work-us`, `--rate` and `--partitions` change them
+//! (`scripts/bench/curves` sweeps them).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use convoy_testkit::OrderChecker;
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Name {
     Seed,
+    SeedLoad,
     Keys,
     Work,
 }
@@ -56,9 +59,13 @@ struct Args {
     /// Print exactly one JSON object.
     #[arg(long)]
     json: bool,
-    /// Live scenarios: offer messages at this rate (msg/s) instead of as fast as possible.
+    /// Live scenarios: offer messages at this rate (msg/s) instead of as fast as possible
+    /// (`seed-load`: 50,000 unless given).
     #[arg(long)]
     rate: Option<f64>,
+    /// `seed-load`: seconds of offered load.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
     /// Back-pressure: pause a partition when the engine holds this many of its messages
     /// (resume at half; the total bound is four times this).
     #[arg(long)]
@@ -80,6 +87,17 @@ fn parse_property(text: &str) -> Result<(String, String), String> {
 fn scenario(args: &Args) -> Scenario {
     let (messages, keys, transient_rate, latency, load) = match args.scenario {
         Name::Seed => (50_000, 10, 0.1, Latency::None, Load::Live { rate: args.rate }),
+        Name::SeedLoad => {
+            let rate = args.rate.unwrap_or(50_000.0);
+            let messages = (rate * args.duration).round().max(1.0) as u64;
+            (
+                messages,
+                1_000,
+                0.0,
+                Latency::None,
+                Load::Live { rate: Some(rate) },
+            )
+        }
         Name::Keys => (200_000, 1_000, 0.0, Latency::None, Load::Prefill),
         Name::Work => (
             200_000,
@@ -91,6 +109,7 @@ fn scenario(args: &Args) -> Scenario {
     };
     let name = match args.scenario {
         Name::Seed => "seed",
+        Name::SeedLoad => "seed-load",
         Name::Keys => "keys",
         Name::Work => "work",
     };
@@ -240,6 +259,10 @@ async fn transport_only(bed: &KafkaBed, scenario: &Scenario) -> Result<ScenarioR
 }
 
 async fn bench(args: Args) -> Result<ScenarioReport, String> {
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if args.rate.is_some_and(|r| !positive(r)) || !positive(args.duration) {
+        return Err("--rate and --duration must be positive".into());
+    }
     let scenario = scenario(&args);
     let bed = KafkaBed::new(&args).await.map_err(|e| e.to_string())?;
     if args.transport_only {

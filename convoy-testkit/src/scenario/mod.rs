@@ -262,6 +262,7 @@ pub async fn run(
     let started = Instant::now();
     let completed = wait_with_progress(&checker, scenario, progress).await;
     let elapsed = started.elapsed().as_secs_f64();
+    let threads = report::thread_count();
     let engine_report = running.stop().await.map_err(|e| e.to_string())?;
     // The engine's peak: the baseline below keeps per-key bookkeeping of its own (a million
     // distinct keys' worth in the largest scenario), which is not the engine's memory.
@@ -299,6 +300,7 @@ pub async fn run(
         peak_rss_mb: peak_rss,
         back_pressure: scenario.back_pressure,
     });
+    report.threads = threads;
     if let Load::Live { rate } = scenario.load {
         report.set_offered(rate, produced_rate.unwrap_or(0.0));
     }

@@ -73,6 +73,9 @@ pub struct ScenarioReport {
     pub rss_growth_mb: f64,
     /// Whether every message finished before the limit.
     pub completed: bool,
+    /// Threads of the process once every message finished, before the engine stopped (the
+    /// broker client's, the runtime's and the in-process broker's; 0 where unknown).
+    pub threads: u64,
     /// Live load: the rate asked for, msg/s (absent when unthrottled or prefilled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offered_rate_msg_s: Option<f64>,
@@ -210,6 +213,7 @@ impl ScenarioReport {
             engine_bound_mb: mib(m.back_pressure.total_bytes_high),
             rss_growth_mb: (peak_rss - m.rss_before_mb).max(0.0),
             completed: m.completed,
+            threads: 0,
             offered_rate_msg_s: None,
             produced_rate_msg_s: None,
             rate_held: None,
@@ -380,6 +384,9 @@ impl ScenarioReport {
     /// Resident memory and what the engine held, against their bounds.
     fn memory_rows(&self, row: &mut impl FnMut(&str, String), notes: &mut Vec<String>) {
         row("peak RSS", format!("{:.1} MiB", self.peak_rss_mb));
+        if self.threads > 0 {
+            row("threads", self.threads.to_string());
+        }
         row(
             "RSS growth / bound (engine + prefetch)",
             format!(
@@ -470,20 +477,27 @@ pub fn peak_rss_mb() -> f64 {
     proc_status_mb("VmHWM:")
 }
 
+/// Threads of this process (Linux `Threads`), 0 if unknown.
+pub fn thread_count() -> u64 {
+    proc_status_field("Threads:").map_or(0, |n| n as u64)
+}
+
 /// Current resident set size of this process in MiB (Linux `VmRSS`), 0 if unknown.
 pub fn rss_mb() -> f64 {
     proc_status_mb("VmRSS:")
 }
 
 fn proc_status_mb(field: &str) -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
+    proc_status_field(field).map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The number after `field` in `/proc/self/status`.
+fn proc_status_field(field: &str) -> Option<f64> {
+    std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse::<f64>().ok()))
+    })
 }
 
 #[cfg(test)]

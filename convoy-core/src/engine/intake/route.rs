@@ -3,6 +3,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
@@ -99,7 +100,7 @@ impl Intake {
             let (lane, hash) = self.lane_of(&message, epoch);
             let shard = shard_of(hash, shard_count);
             self.routes[shard].push(Work {
-                message,
+                message: Arc::new(message),
                 lane,
                 hash,
                 slot,
