@@ -65,8 +65,7 @@ pub(crate) fn shard_of(hash: u64, shards: usize) -> usize {
 
 /// A message routed to a shard.
 pub(crate) struct Work {
-    /// Shared from here on (the lane's job and its completion hold it too): a move is a pointer.
-    pub message: Arc<Message>,
+    pub message: Message,
     pub lane: LaneOf,
     /// The lane key's hash (the intake's; the shard's table uses it as is).
     pub hash: u64,
@@ -386,7 +385,7 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
             received: work.received,
             lease: work.lease,
         };
-        self.launch(launch, work.message, task)
+        self.launch(launch, Arc::new(work.message), task)
     }
 
     /// Starts the next message of `queue` as its lane's in-flight job: with runs, together with
@@ -413,7 +412,7 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
                 weight: next.weight,
                 position_id: next.position_id,
                 received: next.received,
-                message: next.message,
+                message: Arc::new(next.message),
             });
         }
         if followers.is_empty() {
@@ -429,7 +428,7 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
         followers: Vec<Follower>,
         batched: Arc<crate::batch::Batched>,
     ) -> InFlight {
-        let message = head.message;
+        let message = Arc::new(head.message);
         let items = std::iter::once(RunItem {
             message: message.clone(),
             position_id: head.position_id,
@@ -653,7 +652,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             .filter_map(|lane| {
                 let (message, busy) = match (&lane.busy, lane.queue.front()) {
                     (Some(b), _) => (&**b.first_unfinished().1, Some(b)),
-                    (None, Some(w)) => (&*w.message, None),
+                    (None, Some(w)) => (&w.message, None),
                     (None, None) => return None,
                 };
                 let retried =
@@ -835,7 +834,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
         if let Some(lane) = self.lanes.get_mut(key, hash) {
             for f in followers.rev() {
                 lane.queue.push_front(Work {
-                    message: f.message,
+                    message: Arc::unwrap_or_clone(f.message),
                     lane: f.lane,
                     hash,
                     slot: f.slot,
@@ -894,7 +893,14 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             self.detached += 1;
             let key = LaneKey::Detached(self.detached);
             let hash = foldhash::fast::FixedState::default().hash_one(&key);
-            (key, hash, work.slot, work.weight, work.message, work.lease)
+            (
+                key,
+                hash,
+                work.slot,
+                work.weight,
+                Arc::new(work.message),
+                work.lease,
+            )
         };
         tracing::error!(source = %message.source, offset = message.offset, ?waited, "message stuck past the stuck timeout; cancelling and dead-lettering it");
         let reason = lane::stuck_reason(&self.launcher.shard.ctx, waited);

@@ -3,7 +3,6 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 
 use tokio::time::Instant;
 
@@ -100,7 +99,7 @@ impl Intake {
             let (lane, hash) = self.lane_of(&message, epoch);
             let shard = shard_of(hash, shard_count);
             self.routes[shard].push(Work {
-                message: Arc::new(message),
+                message,
                 lane,
                 hash,
                 slot,
