@@ -9,7 +9,8 @@ use clap::ValueEnum;
 use convoy::ConnectConfig;
 use convoy_testkit::probe::Latency;
 use convoy_testkit::scenario::{
-    run as run_scenario, seed_reference, seed_retry, Load, Scenario, ScenarioReport, SEED_HELD_RATE,
+    run as run_scenario, seed_load, seed_reference, seed_retry, Load, Scenario, ScenarioReport,
+    SEED_HELD_RATE,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -28,12 +29,8 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
     let (messages, keys, transient, load) = match args.scenario {
         ScenarioName::Seed => (50_000, 10, 0.1, Load::Live { rate: args.rate }),
         ScenarioName::SeedLoad => {
-            let rate = args.rate.unwrap_or(20_000.0);
-            if !(rate > 0.0 && args.duration > 0.0) {
-                return Err("seed-load needs a positive --rate and --duration".into());
-            }
-            let messages = (rate * args.duration).round() as u64;
-            (messages, 1_000, 0.0, Load::Live { rate: Some(rate) })
+            let (messages, keys, load) = seed_load(args.rate.unwrap_or(20_000.0), args.duration)?;
+            (messages, keys, 0.0, load)
         }
         ScenarioName::Custom => (
             100_000,

@@ -23,7 +23,7 @@ use convoy_core::{
 use convoy_kafka::{admin, baseline, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::probe::{unix_micros, Latency};
 use convoy_testkit::scenario::{
-    bench_main, prefill, run, seed_retry, Load, RecordCheck, Scenario, ScenarioBed, ScenarioReport,
+    bench_main, prefill, run, seed_load, seed_retry, Load, RecordCheck, Scenario, ScenarioBed, ScenarioReport,
 };
 use convoy_testkit::OrderChecker;
 
@@ -84,19 +84,12 @@ fn parse_property(text: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("expected name=value, got {text:?}"))
 }
 
-fn scenario(args: &Args) -> Scenario {
+fn scenario(args: &Args) -> Result<Scenario, String> {
     let (messages, keys, transient_rate, latency, load) = match args.scenario {
         Name::Seed => (50_000, 10, 0.1, Latency::None, Load::Live { rate: args.rate }),
         Name::SeedLoad => {
-            let rate = args.rate.unwrap_or(50_000.0);
-            let messages = (rate * args.duration).round().max(1.0) as u64;
-            (
-                messages,
-                1_000,
-                0.0,
-                Latency::None,
-                Load::Live { rate: Some(rate) },
-            )
+            let (messages, keys, load) = seed_load(args.rate.unwrap_or(50_000.0), args.duration)?;
+            (messages, keys, 0.0, Latency::None, load)
         }
         Name::Keys => (200_000, 1_000, 0.0, Latency::None, Load::Prefill),
         Name::Work => (
@@ -135,7 +128,7 @@ fn scenario(args: &Args) -> Scenario {
         (bp.source_high, bp.source_low) = (high, high / 2);
         (bp.total_high, bp.total_low) = (high * 4, high * 2);
     }
-    s
+    Ok(s)
 }
 
 /// A fresh topic, group and dead-letter topic on the broker.
@@ -259,11 +252,10 @@ async fn transport_only(bed: &KafkaBed, scenario: &Scenario) -> Result<ScenarioR
 }
 
 async fn bench(args: Args) -> Result<ScenarioReport, String> {
-    let positive = |v: f64| v.is_finite() && v > 0.0;
-    if args.rate.is_some_and(|r| !positive(r)) || !positive(args.duration) {
-        return Err("--rate and --duration must be positive".into());
+    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        return Err("--rate must be positive".into());
     }
-    let scenario = scenario(&args);
+    let scenario = scenario(&args)?;
     let bed = KafkaBed::new(&args).await.map_err(|e| e.to_string())?;
     if args.transport_only {
         return transport_only(&bed, &scenario).await;

@@ -17,6 +17,22 @@ def points(sweep, side="convoy"):
                   key=lambda r: r["value"])
 
 
+def start(sweep):
+    """convoy's points of `sweep` and a fresh figure, or None when the sweep has none."""
+    convoy = points(sweep)
+    if not convoy:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    return convoy, fig, ax
+
+
+def against_bare(ax, xs, convoy, convoy_label, bare_label):
+    """convoy's throughput and the bare consumer's of the same runs."""
+    ax.plot(xs, [r["throughput_msg_s"] for r in convoy], marker="o", label=convoy_label)
+    ax.plot(xs, [r["baseline_throughput_msg_s"] for r in convoy], marker="s", linestyle="--",
+            label=bare_label)
+
+
 def save(fig, ax, name, title, n):
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title)
@@ -27,14 +43,11 @@ def save(fig, ax, name, title, n):
 
 
 def throughput(sweep, xlabel, name, xscale, fmt_x, ideal=None, yscale="linear"):
-    convoy = points(sweep)
-    if not convoy:
+    if not (started := start(sweep)):
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    convoy, fig, ax = started
     xs = [fmt_x(r["value"]) for r in convoy]
-    ax.plot(xs, [r["throughput_msg_s"] for r in convoy], marker="o", label="convoy")
-    ax.plot(xs, [r["baseline_throughput_msg_s"] for r in convoy], marker="s", linestyle="--",
-            label="bare rdkafka consumer (no handler, no order)")
+    against_bare(ax, xs, convoy, "convoy", "bare rdkafka consumer (no handler, no order)")
     pc = points(sweep, "pc")
     if pc:
         ax.plot([fmt_x(r["value"]) for r in pc], [r["throughput_msg_s"] for r in pc], marker="^",
@@ -58,10 +71,9 @@ def throughput(sweep, xlabel, name, xscale, fmt_x, ideal=None, yscale="linear"):
 
 
 def latency_by_rate():
-    convoy = points("rate")
-    if not convoy:
+    if not (started := start("rate")):
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    convoy, fig, ax = started
     xs = [r["value"] for r in convoy]
     for field, label, style in (("p50_ms", "p50", "o-"), ("p99_ms", "p99", "s-"),
                                 ("p999_ms", "p99.9", "^-")):
@@ -85,14 +97,11 @@ def latency_by_rate():
 
 
 def by_partitions():
-    convoy = points("partitions")
-    if not convoy:
+    if not (started := start("partitions")):
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    convoy, fig, ax = started
     xs = [r["value"] for r in convoy]
-    ax.plot(xs, [r["throughput_msg_s"] for r in convoy], marker="o", label="convoy msg/s")
-    ax.plot(xs, [r["baseline_throughput_msg_s"] for r in convoy], marker="s", linestyle="--",
-            label="bare rdkafka consumer msg/s")
+    against_bare(ax, xs, convoy, "convoy msg/s", "bare rdkafka consumer msg/s")
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [f"{x:,.0f}" for x in xs])
     ax.set_xlabel("partitions of the topic (1,000 keys, no-op handler)")

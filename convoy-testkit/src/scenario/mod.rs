@@ -183,6 +183,18 @@ pub fn seed_retry() -> RetryPolicy {
     ))
 }
 
+/// The `seed-load` scenario's shape, the same for every bench that offers it: a live producer
+/// offering `rate` msg/s for `duration_s` seconds over 1,000 keys, nothing failing. Returns the
+/// message count, the keys and the load; both figures must be positive.
+pub fn seed_load(rate: f64, duration_s: f64) -> Result<(u64, usize, Load), String> {
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !positive(rate) || !positive(duration_s) {
+        return Err("seed-load needs a positive --rate and --duration".into());
+    }
+    let messages = (rate * duration_s).round().max(1.0) as u64;
+    Ok((messages, 1_000, Load::Live { rate: Some(rate) }))
+}
+
 /// Finished and total message counts while a run goes on.
 pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Send + Sync);
 
@@ -298,9 +310,9 @@ pub async fn run(
         baseline_msg_s: baseline,
         rss_before_mb: rss_before,
         peak_rss_mb: peak_rss,
+        threads,
         back_pressure: scenario.back_pressure,
     });
-    report.threads = threads;
     if let Load::Live { rate } = scenario.load {
         report.set_offered(rate, produced_rate.unwrap_or(0.0));
     }

@@ -130,6 +130,8 @@ pub struct Measured<'a> {
     /// Peak resident memory while the engine ran, MiB: read before the baseline drains the
     /// topic again (with bookkeeping of its own, which is not the engine's memory).
     pub peak_rss_mb: f64,
+    /// Threads of the process once every message finished, before the engine stopped.
+    pub threads: u64,
     /// The bounds the engine ran with.
     pub back_pressure: convoy_core::BackPressure,
 }
@@ -213,7 +215,7 @@ impl ScenarioReport {
             engine_bound_mb: mib(m.back_pressure.total_bytes_high),
             rss_growth_mb: (peak_rss - m.rss_before_mb).max(0.0),
             completed: m.completed,
-            threads: 0,
+            threads: m.threads,
             offered_rate_msg_s: None,
             produced_rate_msg_s: None,
             rate_held: None,
@@ -522,6 +524,7 @@ mod tests {
             baseline_msg_s: 0.0,
             rss_before_mb: 100.0,
             peak_rss_mb: 100.0 + rss_growth_mb,
+            threads: 0,
             back_pressure: convoy_core::BackPressure::default(),
         })
     }
