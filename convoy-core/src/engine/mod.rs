@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 pub use inspect::{Inspection, Inspector, LaneView, SourceView};
-pub use stats::StatsSnapshot;
+pub use stats::{Stall, StallOn, StatsSnapshot};
 
 use self::intake::{Intake, IntakeParts};
 use self::lane::{LaneContext, ShardContext};

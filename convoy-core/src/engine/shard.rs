@@ -139,10 +139,17 @@ impl Completion {
     }
 }
 
-/// What a shard tells the intake.
+/// What a shard tells the intake. Answers to the intake's commands come this way too, behind
+/// the completions the shard sent before them, so the intake never waits for a shard.
 pub(crate) enum ShardReport {
     /// Messages finished.
     Completions(Vec<Completion>),
+    /// Queued messages dropped (an answer to [`ShardCommand::DropQueued`]): per assignment,
+    /// how many and what they weighed.
+    Dropped(Vec<(u64, Dropped)>),
+    /// Every in-flight message of the assignments named by cancel request `.0` is gone (an
+    /// answer to [`ShardCommand::Cancel`]): no handler of them is alive any more.
+    Cancelled(u64),
     /// A lane met an error nothing can retry (e.g. the dead-letter sink's client is fenced):
     /// the engine must stop.
     Fatal(TransportError),
@@ -173,15 +180,16 @@ impl Epochs {
 
 pub(crate) enum ShardCommand {
     Work(Vec<Work>),
-    /// Drop queued (not started) messages of these assignments; reply with what was dropped.
+    /// Drop queued (not started) messages of these assignments; answered with
+    /// [`ShardReport::Dropped`].
     DropQueued {
         epochs: Epochs,
-        reply: oneshot::Sender<Vec<(u64, Dropped)>>,
     },
-    /// Abort in-flight messages of these assignments; their completions are never reported.
+    /// Abort in-flight messages of these assignments (their completions are never reported);
+    /// answered with [`ShardReport::Cancelled`] and the request's number.
     Cancel {
         epochs: Epochs,
-        reply: oneshot::Sender<()>,
+        request: u64,
     },
     /// Cancel this message wherever it is and dead-letter it with reason `stuck`.
     Stuck {
@@ -601,13 +609,16 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 }
                 self.spares.work.keep(batch);
             }
-            ShardCommand::DropQueued { epochs, reply } => {
-                let _ = reply.send(self.drop_queued(&epochs));
+            ShardCommand::DropQueued { epochs } => {
+                let dropped = self.drop_queued(&epochs);
+                let _ = self.reports.send(ShardReport::Dropped(dropped));
             }
-            ShardCommand::Cancel { epochs, reply } => {
-                // Dropped here: no handler of a cancelled message is alive when the intake hears back.
+            ShardCommand::Cancel { epochs, request } => {
+                // Dropped here: no handler of a cancelled message is alive when the intake hears
+                // back. What finished before goes first, so the intake counts it.
                 self.cancel(&epochs);
-                let _ = reply.send(());
+                self.flush();
+                let _ = self.reports.send(ShardReport::Cancelled(request));
             }
             ShardCommand::Stuck { epoch, seq, waited } => {
                 self.stuck(epoch, seq, waited);

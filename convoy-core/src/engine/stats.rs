@@ -1,6 +1,6 @@
 //! Counters the engine keeps for its handle and report (independent of any metrics recorder).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +33,60 @@ pub(crate) struct IntakeStats {
     /// Since when commits fail, in milliseconds after the engine started, plus one (0: they
     /// do not).
     pub commits_failing_since: AtomicU64,
+    /// What the engine waits for past its deadline ([`StallOn`] as a number, 0: nothing), and
+    /// since when that deadline passed (milliseconds after the engine started).
+    pub stalled_on: AtomicU8,
+    pub stalled_since: AtomicU64,
+}
+
+/// What an engine has waited for past its deadline: a member in this state is not ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// What it waits for.
+    pub on: StallOn,
+    /// How long past the deadline.
+    pub overdue: Duration,
+}
+
+/// What a [`Stall`] waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallOn {
+    /// A newly assigned source waits for its parked keys to be read back from the dead-letter
+    /// destination for longer than `commit_timeout` (the destination is slow or unavailable).
+    ReadBack,
+    /// A revoke was not acknowledged by its deadline.
+    Revoke,
+    /// A stop did not end by its deadline.
+    Stop,
+}
+
+impl StallOn {
+    fn code(self) -> u8 {
+        match self {
+            StallOn::ReadBack => 1,
+            StallOn::Revoke => 2,
+            StallOn::Stop => 3,
+        }
+    }
+
+    fn of(code: u8) -> Option<StallOn> {
+        match code {
+            1 => Some(StallOn::ReadBack),
+            2 => Some(StallOn::Revoke),
+            3 => Some(StallOn::Stop),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for StallOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StallOn::ReadBack => "a newly assigned source waits for its parked keys to be read back from the dead-letter destination",
+            StallOn::Revoke => "a revoke was not acknowledged by its deadline",
+            StallOn::Stop => "the stop did not end by its deadline",
+        })
+    }
 }
 
 /// Shared by the engine's tasks and its handle.
@@ -84,6 +138,9 @@ pub struct StatsSnapshot {
     /// How long commits have been failing (`None`: the last one went through): a member whose
     /// commits fail for long is not ready.
     pub commits_failing_for: Option<Duration>,
+    /// What the engine has waited for past its deadline, if anything: a member in this state
+    /// is not ready.
+    pub stalled: Option<Stall>,
 }
 
 impl EngineStats {
@@ -104,6 +161,20 @@ impl EngineStats {
         self.intake.commits_failing_since.store(value, Relaxed);
     }
 
+    /// The engine waits for `on` past its deadline, since `since` (`None`: it does not).
+    pub fn set_stalled(&self, stall: Option<(StallOn, Instant)>) {
+        match stall {
+            None => self.intake.stalled_on.store(0, Relaxed),
+            Some((on, since)) => {
+                let ms = since.saturating_duration_since(self.started).as_millis();
+                self.intake
+                    .stalled_since
+                    .store(u64::try_from(ms).unwrap_or(u64::MAX), Relaxed);
+                self.intake.stalled_on.store(on.code(), Relaxed);
+            }
+        }
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         let mut s = StatsSnapshot {
             held: self.intake.held.load(Relaxed),
@@ -122,6 +193,12 @@ impl EngineStats {
                     Instant::now().saturating_duration_since(self.started + Duration::from_millis(ms - 1)),
                 ),
             },
+            stalled: StallOn::of(self.intake.stalled_on.load(Relaxed)).map(|on| Stall {
+                on,
+                overdue: Instant::now().saturating_duration_since(
+                    self.started + Duration::from_millis(self.intake.stalled_since.load(Relaxed)),
+                ),
+            }),
             ..StatsSnapshot::default()
         };
         for shard in &self.shards {

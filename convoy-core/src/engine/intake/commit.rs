@@ -30,14 +30,26 @@ pub(super) struct Entry {
     /// lowest unfinished offset received, or `next`.
     pub covered: Offset,
     pub changes: u64,
+    /// Messages of the assignment finished when the commit started.
+    pub finished: u64,
+}
+
+/// What a commit is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Purpose {
+    /// Committing on the way (every so many messages, on the timer).
+    Periodic,
+    /// The final commit of this revoke.
+    Revoke(u64),
+    /// The final commit of a stop.
+    Stop,
 }
 
 /// A commit sent to the transport and not yet answered.
 pub(super) struct InFlight {
     handle: JoinHandle<Result<(), TransportError>>,
     pub entries: Vec<Entry>,
-    /// The revoke this commit is the final commit of.
-    pub revoke: Option<u64>,
+    pub purpose: Purpose,
 }
 
 /// At most one commit in flight.
@@ -59,7 +71,7 @@ impl Committer {
         commits: Vec<Commit>,
         entries: Vec<Entry>,
         timeout: Duration,
-        revoke: Option<u64>,
+        purpose: Purpose,
     ) {
         let handle = tokio::spawn(async move {
             match tokio::time::timeout(timeout, control.commit(&commits)).await {
@@ -72,7 +84,7 @@ impl Committer {
         self.in_flight = Some(InFlight {
             handle,
             entries,
-            revoke,
+            purpose,
         });
     }
 
@@ -124,6 +136,7 @@ impl Intake {
                     .lowest_unfinished()
                     .map_or(next, |(_, offset)| offset),
                 changes: state.changes,
+                finished: state.finished,
             });
         }
         (commits, entries)
@@ -131,12 +144,7 @@ impl Intake {
 
     /// Starts a commit of these slots (all if `None`) unless one is in flight or nothing is new.
     /// Returns true when one was started.
-    pub(super) fn start_commit(
-        &mut self,
-        only: Option<&[u32]>,
-        timeout: Duration,
-        revoke: Option<u64>,
-    ) -> bool {
+    pub(super) fn start_commit(&mut self, only: Option<&[u32]>, timeout: Duration, purpose: Purpose) -> bool {
         if self.committer.busy() {
             return false;
         }
@@ -151,7 +159,7 @@ impl Intake {
             }
         }
         self.committer
-            .start(self.control.clone(), commits, entries, timeout, revoke);
+            .start(self.control.clone(), commits, entries, timeout, purpose);
         true
     }
 
@@ -183,7 +191,7 @@ impl Intake {
         self.last_commit = Instant::now();
         let next = super::after(self.config.commit_interval);
         self.commit_timer.as_mut().reset(next);
-        self.start_commit(None, self.config.commit_timeout, None);
+        self.start_commit(None, self.config.commit_timeout, Purpose::Periodic);
     }
 
     /// Applies a commit's answer: confirmed positions are recorded, a failure is retried on a
@@ -210,6 +218,12 @@ impl Intake {
                         parking.committed_below(&state.id, e.covered);
                     }
                     state.committed_changes = state.committed_changes.max(e.changes);
+                    state.committed_finished = state.committed_finished.max(e.finished);
+                }
+                match commit.purpose {
+                    Purpose::Revoke(id) => self.complete_revoke(id),
+                    Purpose::Stop => self.final_commit_done(true),
+                    Purpose::Periodic => {}
                 }
             }
             Err(e) if e.is_fatal() => return Turn::Fail(EngineError::Transport(e)),
@@ -225,10 +239,12 @@ impl Intake {
                     }
                     Some(_) => tracing::debug!(error = %e, "commit failed again"),
                 }
+                match commit.purpose {
+                    Purpose::Revoke(id) => self.revoke_commit_failed(id),
+                    Purpose::Stop => self.final_commit_done(false),
+                    Purpose::Periodic => {}
+                }
             }
-        }
-        if let Some(id) = commit.revoke {
-            self.complete_revoke(id);
         }
         Turn::Continue
     }

@@ -1,21 +1,32 @@
 //! The intake: the engine's control task. It takes events from the transport, tracks each
 //! source's watermark, routes messages to shards by key, applies back-pressure, commits, and
-//! runs revokes and the shutdown drain — without ever awaiting a broker inline: commits run
-//! beside it (one at a time, each with a timeout) and a revoke drains while other sources flow.
+//! runs revokes and the shutdown.
+//!
+//! **The intake never waits.** Its loop awaits one thing: the next event. Everything it asks of
+//! anyone else — a commit, a read-back of parked keys, a lag query, a shard dropping or
+//! cancelling work, an inspection — runs beside it, and the answer comes back as an event of
+//! the loop. So whatever hangs (a broker, a dead-letter destination, a shard), every other
+//! source flows, and every deadline (a revoke's, a lease's, a stop's) is kept. Each method
+//! below that the loop calls is synchronous; only the closing of the transport, after the loop
+//! ended, awaits (bounded by what is left of the stop's deadline).
 //!
 //! By job:
 //! - [`route`]: messages in (watermark tracking, position resets, key → shard);
 //! - [`flow`]: back-pressure (held messages, held bytes, watermark windows);
+//! - [`shards`]: commands to the shards answered as reports (drop, cancel);
+//! - [`read_back`]: newly assigned sources waiting for their parked keys;
 //! - [`commit`]: the commit in flight and when to start the next;
 //! - [`revoke`]: revokes, lost sources and their deadlines;
-//! - [`stop`]: the shutdown drain, and stopping on a failure;
-//! - [`tick`]: the stuck-gap check and gauges.
+//! - [`stop`]: the shutdown (drain, cancel, final commit), and stopping on a failure;
+//! - [`tick`]: the stuck-gap check, gauges, and what has waited past its deadline.
 
 mod commit;
 mod flow;
 mod inspect;
+mod read_back;
 mod revoke;
 mod route;
+mod shards;
 mod source;
 mod stop;
 mod tick;
@@ -24,18 +35,20 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use self::commit::Committer;
+use self::read_back::ReadBacks;
 use self::revoke::PendingRevoke;
+use self::shards::Cancels;
 use self::source::SourceState;
 use self::stop::Stopping;
 use super::inspect::InspectRequest;
 use super::parking::Parking;
-use super::shard::{BatchSpares, Epochs, ShardCommand, ShardReport, Work};
-use super::stats::EngineStats;
+use super::shard::{BatchSpares, ShardCommand, ShardReport, Work};
+use super::stats::{EngineStats, StallOn};
 use super::{EngineError, EngineReport};
 use crate::backpressure::Gate;
 use crate::config::EngineConfig;
@@ -59,6 +72,7 @@ fn after(d: Duration) -> Instant {
         .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
 }
 
+/// The engine's control loop (see the module documentation: it never waits).
 pub(crate) struct Intake {
     config: EngineConfig,
     control: Arc<dyn SourceControl>,
@@ -110,6 +124,11 @@ pub(crate) struct Intake {
     commits_failing_since: Option<Instant>,
     /// Read back before sources are taken: their previous owner may have parked keys.
     parking: Option<(Arc<Parking>, Arc<dyn DeadLetterSink>)>,
+    read_backs: ReadBacks,
+    /// Cancels sent to the shards and not yet answered.
+    cancels: Cancels,
+    /// What the engine waits for past its deadline, as last reported.
+    stalled: Option<StallOn>,
 }
 
 pub(crate) struct IntakeParts {
@@ -179,6 +198,9 @@ impl Intake {
             lags: Arc::default(),
             commits_failing_since: None,
             parking: parts.parking,
+            read_backs: ReadBacks::default(),
+            cancels: Cancels::default(),
+            stalled: None,
         }
     }
 
@@ -203,8 +225,8 @@ impl Intake {
         loop {
             self.take_signals();
             self.stop_at_limit();
-            self.drop_queued_for_stop().await;
-            if self.stop_complete() {
+            self.progress_stop();
+            if self.stopping.as_ref().is_some_and(|s| s.done()) {
                 return self.finish_stop().await;
             }
             let wake = self.next_deadline();
@@ -224,17 +246,29 @@ impl Intake {
                         self.on_completions(batch);
                         Turn::Continue
                     }
+                    ShardReport::Dropped(dropped) => {
+                        self.on_dropped(dropped);
+                        Turn::Continue
+                    }
+                    ShardReport::Cancelled(request) => {
+                        self.on_cancelled(request);
+                        Turn::Continue
+                    }
                     ShardReport::Fatal(e) => Turn::Fail(e.into()),
                 },
                 (commit, result) = self.committer.done(), if self.committer.busy() => {
                     self.on_committed(commit, result)
                 }
+                number = self.read_backs.done(), if self.read_backs.busy() => {
+                    self.on_read_back(number);
+                    Turn::Continue
+                }
                 Some(request) = self.inspects.recv() => {
-                    self.answer(request).await;
+                    self.answer(request);
                     Turn::Continue
                 }
                 event = self.events.recv(), if self.events_open => match event {
-                    Some(event) => self.on_event(event).await,
+                    Some(event) => self.on_event(event),
                     None => {
                         self.events_open = false;
                         tracing::info!("transport closed the subscription; draining");
@@ -255,7 +289,7 @@ impl Intake {
             if let Turn::Fail(error) = turn {
                 return self.fail(error).await;
             }
-            self.progress_revokes().await;
+            self.progress_revokes();
             self.maybe_commit();
         }
     }
@@ -276,15 +310,14 @@ impl Intake {
             .filter(|s| s.epoch == epoch)
     }
 
-    async fn on_event(&mut self, event: SourceEvent) -> Turn {
+    fn on_event(&mut self, event: SourceEvent) -> Turn {
         match event {
             SourceEvent::Messages { source, messages } => self.on_messages(source, messages),
             SourceEvent::Assigned(assignments) => {
-                if let Some((parking, sink)) = &self.parking {
-                    parking.read_back(&**sink).await;
-                }
+                // Their previous owner may have parked keys: they wait, unrouted, for a read-back.
+                let read_back = self.read_back_for_assignment();
                 for a in assignments {
-                    self.assign(a).await;
+                    self.assign(a, read_back);
                 }
                 self.apply_flow();
             }
@@ -292,8 +325,8 @@ impl Intake {
                 sources,
                 deadline,
                 ack,
-            } => self.begin_revoke(sources, deadline, ack).await,
-            SourceEvent::Lost(sources) => self.lose(sources).await,
+            } => self.begin_revoke(sources, deadline, ack),
+            SourceEvent::Lost(sources) => self.lose(sources),
             SourceEvent::Failed(e) => return Turn::Fail(e.into()),
         }
         Turn::Continue
@@ -303,36 +336,7 @@ impl Intake {
     /// revoke's drain or commit deadline, or the end of the shutdown drain.
     fn next_deadline(&self) -> Option<Instant> {
         let revokes = self.revokes.iter().map(PendingRevoke::wake_at);
-        let stop = self.stopping.as_ref().map(|s| s.drain_until);
+        let stop = self.stopping.as_ref().map(stop::Stopping::wake_at);
         revokes.chain(stop).min()
-    }
-
-    /// Sends a command to every live shard and collects their replies.
-    async fn ask_shards<T>(&self, command: impl Fn(oneshot::Sender<T>) -> ShardCommand) -> Vec<T> {
-        let mut replies = Vec::with_capacity(self.shards.len());
-        for shard in &self.shards {
-            let (reply, rx) = oneshot::channel();
-            if shard.send(command(reply)).is_ok() {
-                replies.push(rx);
-            }
-        }
-        let mut answers = Vec::with_capacity(replies.len());
-        for rx in replies {
-            // A shard that died without answering has nothing left to report.
-            if let Ok(answer) = rx.await {
-                answers.push(answer);
-            }
-        }
-        answers
-    }
-
-    /// Asks every shard to abort in-flight messages of `epochs`, and waits until every
-    /// aborted handler future was dropped.
-    async fn cancel(&mut self, epochs: Epochs) {
-        self.ask_shards(|reply| ShardCommand::Cancel {
-            epochs: epochs.clone(),
-            reply,
-        })
-        .await;
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::commit::Purpose;
 use super::Intake;
 use crate::engine::shard::Epochs;
 use crate::message::SourceId;
@@ -21,11 +22,18 @@ fn commit_reserve(remaining: Duration, commit_timeout: Duration) -> Duration {
     (remaining / 2).min(commit_timeout.saturating_mul(2))
 }
 
+/// How long a final commit that failed waits before it is tried again (doubling up to the
+/// most), while its deadline allows.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MOST: Duration = Duration::from_secs(1);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// In-flight messages may finish until `drain_until`.
     Draining,
-    /// Drained (or cancelled): waiting for the committer to be free.
+    /// What still ran is being cancelled: waiting for every shard to say it is gone.
+    Cancelling(u64),
+    /// Drained (or cancelled): waiting for the committer to be free, or for `retry_at`.
     AwaitCommit,
     /// The final commit is in flight.
     Committing,
@@ -39,6 +47,9 @@ pub(super) struct PendingRevoke {
     drain_until: Instant,
     ack: RevokeAck,
     phase: Phase,
+    /// After a failed final commit: when to try again, and the wait after that.
+    retry_at: Option<Instant>,
+    retry_wait: Duration,
 }
 
 impl PendingRevoke {
@@ -46,26 +57,49 @@ impl PendingRevoke {
     pub fn wake_at(&self) -> Instant {
         match self.phase {
             Phase::Draining => self.drain_until,
-            Phase::AwaitCommit | Phase::Committing => self.deadline,
+            // Waiting for the committer: its answer wakes the loop. Only a retry time still
+            // ahead is a reason to wake (one passed would wake the loop at once, forever).
+            Phase::AwaitCommit => self
+                .retry_at
+                .filter(|&at| at > Instant::now())
+                .map_or(self.deadline, |at| at.min(self.deadline)),
+            Phase::Cancelling(_) | Phase::Committing => self.deadline,
         }
+    }
+
+    /// When the transport hands its sources on, acknowledged or not.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
     }
 }
 
 impl Intake {
-    pub(super) async fn begin_revoke(&mut self, sources: Vec<SourceId>, deadline: Instant, ack: RevokeAck) {
+    pub(super) fn begin_revoke(&mut self, sources: Vec<SourceId>, deadline: Instant, ack: RevokeAck) {
         self.metrics.revoked.increment(sources.len() as u64);
         let slots: Vec<u32> = sources
             .iter()
             .filter_map(|s| self.by_id.get(s).copied())
             .collect();
-        let members: Vec<(u32, u64)> = slots
-            .into_iter()
-            .filter_map(|slot| {
-                let state = self.state(slot)?;
-                state.revoking = true;
-                Some((slot, state.epoch))
-            })
-            .collect();
+        let mut members = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let Some(state) = self.state(slot) else {
+                continue;
+            };
+            state.revoking = true;
+            let epoch = state.epoch;
+            // What waited for a read-back never started: the next owner reads it.
+            if let Some(waiting) = state.waiting.take() {
+                let count = waiting.batches.iter().map(Vec::len).sum();
+                let weight = waiting
+                    .batches
+                    .iter()
+                    .flatten()
+                    .map(crate::message::Message::weight)
+                    .sum();
+                self.unhold(slot, count, weight);
+            }
+            members.push((slot, epoch));
+        }
         let now = Instant::now();
         let remaining = deadline.saturating_duration_since(now);
         let drain_until = super::after(self.config.drain_timeout)
@@ -79,7 +113,7 @@ impl Intake {
         // Not-yet-started messages belong to the next owner now.
         let epochs: Vec<u64> = members.iter().map(|&(_, epoch)| epoch).collect();
         if !epochs.is_empty() {
-            self.drop_queued(Epochs::Some(epochs)).await;
+            self.drop_queued(Epochs::Some(epochs));
         }
         self.revokes.push(PendingRevoke {
             id: self.next_revoke,
@@ -88,6 +122,8 @@ impl Intake {
             drain_until,
             ack,
             phase: Phase::Draining,
+            retry_at: None,
+            retry_wait: RETRY_FIRST,
         });
         self.next_revoke += 1;
         self.apply_flow();
@@ -103,8 +139,8 @@ impl Intake {
             .collect()
     }
 
-    /// Moves every pending revoke on as far as it can go now.
-    pub(super) async fn progress_revokes(&mut self) {
+    /// Moves every pending revoke on as far as it can go now (never waiting for anything).
+    pub(super) fn progress_revokes(&mut self) {
         let mut index = 0;
         while index < self.revokes.len() {
             let now = Instant::now();
@@ -122,19 +158,40 @@ impl Intake {
                     index += 1;
                     continue;
                 }
-                if held > 0 {
+                self.revokes[index].phase = if held > 0 {
                     tracing::warn!(held, "revoke drain ended; cancelling what still runs (it stays uncommitted and goes to the next owner)");
                     let epochs = self.epochs(&live);
-                    self.cancel(Epochs::Some(epochs)).await;
+                    Phase::Cancelling(self.cancel(Epochs::Some(epochs)))
+                } else {
+                    Phase::AwaitCommit
+                };
+            }
+            if let Phase::Cancelling(request) = self.revokes[index].phase {
+                if self.cancels.pending(request) {
+                    if now < deadline {
+                        index += 1;
+                        continue;
+                    }
+                    tracing::error!("revoke deadline passed before every cancelled handler was gone; releasing the sources");
+                    self.complete_revoke(id);
+                    continue;
                 }
                 self.revokes[index].phase = Phase::AwaitCommit;
             }
             match self.revokes[index].phase {
                 Phase::AwaitCommit => {
+                    let retry_later = self.revokes[index].retry_at.is_some_and(|at| now < at);
+                    if retry_later && now < deadline {
+                        index += 1;
+                        continue;
+                    }
                     let remaining = deadline.saturating_duration_since(now);
                     let timeout = self.config.commit_timeout.min(remaining);
                     if timeout.is_zero() {
-                        tracing::warn!("revoke deadline passed before its final commit could run; the next owner handles the uncommitted messages again");
+                        self.release_uncommitted(
+                            index,
+                            "the revoke deadline passed before its final commit went through",
+                        );
                         self.complete_revoke(id);
                         continue;
                     }
@@ -145,20 +202,52 @@ impl Intake {
                         self.complete_revoke(id);
                         continue;
                     }
-                    if self.start_commit(Some(&live), timeout, Some(id)) {
+                    if self.start_commit(Some(&live), timeout, Purpose::Revoke(id)) {
                         self.revokes[index].phase = Phase::Committing;
                     }
                 }
                 Phase::Committing if now >= deadline => {
-                    tracing::warn!(
-                        "revoke deadline passed while its final commit was in flight; releasing the sources"
+                    self.release_uncommitted(
+                        index,
+                        "the revoke deadline passed while its final commit was in flight",
                     );
                     self.complete_revoke(id);
                     continue;
                 }
-                Phase::Draining | Phase::Committing => {}
+                Phase::Draining | Phase::Cancelling(_) | Phase::Committing => {}
             }
             index += 1;
+        }
+    }
+
+    /// A revoke's final commit failed: it is tried again while the deadline allows (a broker in
+    /// the middle of a rebalance refuses commits until the member's generation is current).
+    pub(super) fn revoke_commit_failed(&mut self, id: u64) {
+        let Some(revoke) = self.revokes.iter_mut().find(|r| r.id == id) else {
+            return;
+        };
+        let now = Instant::now();
+        revoke.phase = Phase::AwaitCommit;
+        revoke.retry_at = Some(now + revoke.retry_wait);
+        revoke.retry_wait = (revoke.retry_wait * 2).min(RETRY_MOST);
+    }
+
+    /// Says loudly what a revoke leaves to be handled again: messages finished here whose
+    /// commit never went through.
+    fn release_uncommitted(&self, index: usize, why: &str) {
+        let uncommitted: u64 = self
+            .live_members(index)
+            .iter()
+            .filter_map(|&slot| self.sources[slot as usize].as_ref())
+            .map(|s| s.finished.saturating_sub(s.committed_finished))
+            .sum();
+        if uncommitted > 0 {
+            tracing::error!(
+                uncommitted,
+                "{why}: releasing the sources; up to {uncommitted} messages finished here are handled again by the next owner"
+            );
+        } else {
+            tracing::warn!("{why}: releasing the sources");
         }
     }
 
@@ -176,7 +265,7 @@ impl Intake {
     }
 
     /// Sources gone without a revoke: cancel everything of them, commit nothing.
-    pub(super) async fn lose(&mut self, sources: Vec<SourceId>) {
+    pub(super) fn lose(&mut self, sources: Vec<SourceId>) {
         self.metrics.lost.increment(sources.len() as u64);
         tracing::warn!(
             ?sources,
@@ -186,17 +275,21 @@ impl Intake {
             .iter()
             .filter_map(|s| self.by_id.get(s).copied())
             .collect();
-        self.cancel_slots(&slots).await;
+        let request = self.cancel_slots(&slots);
         for slot in slots {
             self.remove(slot);
         }
-        // A revoke left with none of its sources has nothing more to do.
-        let empty: Vec<u64> = (0..self.revokes.len())
-            .filter(|&i| self.live_members(i).is_empty())
-            .map(|i| self.revokes[i].id)
-            .collect();
-        for id in empty {
-            self.complete_revoke(id);
+        // A revoke left with none of its sources has nothing to commit: it is acknowledged once
+        // what ran of them is gone.
+        for index in 0..self.revokes.len() {
+            if self.live_members(index).is_empty() {
+                let revoke = &mut self.revokes[index];
+                revoke.phase = match (revoke.phase, request) {
+                    (Phase::Committing, _) => Phase::Committing,
+                    (_, Some(request)) => Phase::Cancelling(request),
+                    (_, None) => Phase::AwaitCommit,
+                };
+            }
         }
         self.apply_flow();
     }

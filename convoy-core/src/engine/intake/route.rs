@@ -26,7 +26,7 @@ impl Intake {
         (lane, self.shard_hasher.hash_one(lane))
     }
 
-    pub(super) fn on_messages(&mut self, source: SourceId, mut messages: Vec<Message>) {
+    pub(super) fn on_messages(&mut self, source: SourceId, messages: Vec<Message>) {
         let Some(&slot) = self.by_id.get(&source) else {
             // Fetched under an assignment that has ended: the next owner reads them again.
             tracing::debug!(%source, count = messages.len(), "ignoring messages of a source not assigned to this consumer");
@@ -39,6 +39,29 @@ impl Intake {
         if let (Some((parking, _)), Some(first)) = (&self.parking, messages.first()) {
             parking.received(&source, first.offset);
         }
+        let Some(state) = self.state(slot) else {
+            return;
+        };
+        if let Some(waiting) = state.waiting.as_mut() {
+            // Held, unrouted, until the parked keys are read back (back-pressure pauses it).
+            let (count, weight) = (
+                messages.len(),
+                messages.iter().map(Message::weight).sum::<usize>(),
+            );
+            waiting.batches.push(messages);
+            state.held += count;
+            state.held_bytes += weight;
+            self.held_total += count;
+            self.held_bytes += weight;
+            self.publish_held();
+            self.apply_flow();
+            return;
+        }
+        self.route(slot, source, messages);
+    }
+
+    /// Tracks `messages` of `slot` and routes them to the shards of their lanes.
+    pub(super) fn route(&mut self, slot: u32, source: SourceId, mut messages: Vec<Message>) {
         let received = Instant::now();
         let shard_count = self.shards.len();
         let (mut routed, mut routed_bytes) = (0usize, 0usize);

@@ -1,13 +1,13 @@
 //! One assigned source as the intake sees it, and what happens when sources come and go.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
 use tokio::time::Instant;
 
+use super::read_back::Waiting;
 use super::Intake;
 use crate::backpressure::Gate;
-use crate::engine::shard::{Completion, Dropped, Epochs, ShardCommand};
+use crate::engine::shard::Completion;
 use crate::message::{Offset, SourceId};
 use crate::transport::{Assignment, Lease};
 use crate::watermark::{Progress, Seq, WatermarkTracker};
@@ -52,6 +52,12 @@ pub(super) struct SourceState {
     pub stuck_reported: Option<Seq>,
     /// Held by lease: its messages carry it, and none starts once it ran out.
     pub lease: Option<Lease>,
+    /// Waiting for parked keys to be read back before its messages are routed.
+    pub waiting: Option<Waiting>,
+    /// Messages finished in this assignment, and how many of them a confirmed commit covers
+    /// (what a commit that never went through leaves to be handled again).
+    pub finished: u64,
+    pub committed_finished: u64,
 }
 
 impl SourceState {
@@ -71,11 +77,14 @@ impl SourceState {
 }
 
 impl Intake {
-    pub(super) async fn assign(&mut self, a: Assignment) {
+    /// Takes an assignment; with `read_back`, its messages wait for that read-back of the
+    /// parked keys.
+    pub(super) fn assign(&mut self, a: Assignment, read_back: Option<u64>) {
         self.metrics.assigned.increment(1);
         if let Some(&slot) = self.by_id.get(&a.source) {
             tracing::warn!(source = %a.source, "source assigned again without a revoke; restarting it from the committed watermark");
-            self.cancel_slots(&[slot]).await;
+            // The shards take the cancel before any work of the new assignment.
+            self.cancel_slots(&[slot]);
             self.remove(slot);
         }
         let bp = self.config.back_pressure;
@@ -108,6 +117,13 @@ impl Intake {
             lease: a.lease,
             offsets_are_positions: a.offsets_are_positions,
             token: a.token,
+            waiting: read_back.map(|read_back| Waiting {
+                read_back,
+                since: Instant::now(),
+                batches: Vec::new(),
+            }),
+            finished: 0,
+            committed_finished: 0,
         };
         self.next_epoch += 1;
         tracing::info!(source = %a.source, committed = ?a.committed, "source assigned");
@@ -154,39 +170,15 @@ impl Intake {
             .collect()
     }
 
-    /// Asks every shard to drop queued messages of `epochs`, and stops counting them as held.
-    pub(super) async fn drop_queued(&mut self, epochs: Epochs) {
-        let answers = self
-            .ask_shards(|reply| ShardCommand::DropQueued {
-                epochs: epochs.clone(),
-                reply,
-            })
-            .await;
-        let mut dropped: HashMap<u64, Dropped> = HashMap::new();
-        for (epoch, d) in answers.into_iter().flatten() {
-            let total = dropped.entry(epoch).or_default();
-            total.count += d.count;
-            total.weight += d.weight;
+    /// `count` messages of `slot` weighing `weight` are no longer held.
+    pub(super) fn unhold(&mut self, slot: u32, count: usize, weight: usize) {
+        if let Some(state) = self.state(slot) {
+            state.held = state.held.saturating_sub(count);
+            state.held_bytes = state.held_bytes.saturating_sub(weight);
         }
-        for state in self.sources.iter_mut().flatten() {
-            if let Some(d) = dropped.get(&state.epoch) {
-                state.held = state.held.saturating_sub(d.count);
-                state.held_bytes = state.held_bytes.saturating_sub(d.weight);
-                self.held_total = self.held_total.saturating_sub(d.count);
-                self.held_bytes = self.held_bytes.saturating_sub(d.weight);
-            }
-        }
+        self.held_total = self.held_total.saturating_sub(count);
+        self.held_bytes = self.held_bytes.saturating_sub(weight);
         self.publish_held();
-    }
-
-    /// Drops queued and aborts in-flight work of these sources.
-    pub(super) async fn cancel_slots(&mut self, slots: &[u32]) {
-        let epochs = self.epochs(slots);
-        if epochs.is_empty() {
-            return;
-        }
-        self.drop_queued(Epochs::Some(epochs.clone())).await;
-        self.cancel(Epochs::Some(epochs)).await;
     }
 
     pub(super) fn on_completions(&mut self, mut batch: Vec<Completion>) {
@@ -213,6 +205,7 @@ impl Intake {
             }
             state.held = state.held.saturating_sub(1);
             state.held_bytes = state.held_bytes.saturating_sub(c.weight as usize);
+            state.finished += 1;
             finished += 1;
             weight += c.weight as usize;
         }

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::Intake;
 use crate::engine::shard::ShardCommand;
+use crate::engine::stats::StallOn;
 use crate::message::{Offset, SourceId};
 use crate::metrics::IntakeMetrics;
 
@@ -16,6 +17,36 @@ impl Intake {
     pub(super) fn on_tick(&mut self) {
         self.check_stuck();
         self.report_gauges();
+        self.report_stall();
+    }
+
+    /// Publishes what the engine has waited for past its deadline (readiness reads it): a
+    /// source waiting for its read-back longer than `commit_timeout`, a revoke or a stop past
+    /// its deadline.
+    fn report_stall(&mut self) {
+        let now = Instant::now();
+        let read_back = self
+            .read_back_waiting_since()
+            .map(|since| (StallOn::ReadBack, since + self.config.commit_timeout));
+        let revoke = self
+            .revokes
+            .iter()
+            .map(|r| (StallOn::Revoke, r.deadline()))
+            .min_by_key(|(_, at)| *at);
+        let stop = self.stopping.as_ref().map(|s| (StallOn::Stop, s.deadline()));
+        let stall = [read_back, revoke, stop]
+            .into_iter()
+            .flatten()
+            .filter(|(_, at)| now >= *at)
+            .min_by_key(|(_, at)| *at);
+        if stall.map(|(on, _)| on) != self.stalled {
+            match stall {
+                Some((on, _)) => tracing::warn!(%on, "stalled past a deadline: the member is not ready"),
+                None => tracing::info!("no longer stalled"),
+            }
+            self.stalled = stall.map(|(on, _)| on);
+        }
+        self.stats.set_stalled(stall);
     }
 
     /// Dead-letters a source's lowest unfinished message once it held the watermark back
