@@ -14,13 +14,17 @@
 //! - a *replay marker* (cause `replay`, written by [`replay_key`] before it publishes)
 //!   names the pending records it re-publishes ([`REPLAY_OF`]) and the replay's id and size
 //!   ([`REPLAY`]): those records are no longer pending, and the key is *replaying*;
-//! - a *replay-done marker* (cause `replay-done`, written by the engine before the replay's last
-//!   message is finished) ends the replay.
+//! - a *replay-done marker* (cause `replay-done`, written by the engine before the last message
+//!   of a topic's part of the replay is finished, naming that topic in [`REPLAY_PART`]) ends
+//!   that part; the replay ends when every topic's part has (a key on several topics is
+//!   replayed to each, and each topic's copies are delivered in their own order).
 //!
 //! A replaying key handles the replay's messages (they carry [`REPLAY`]) in order and sets
 //! aside everything else — messages published meanwhile come after the replayed ones. A replay
 //! message that fails parks the key again and the rest of the replay follows it into the
-//! parking. A key is parked while it is replaying or has pending records; its next replay
+//! parking — in its topic: a key's copies on other topics run on in theirs; the replay's
+//! messages before it (in its topic) ran, and a copy of one delivered again (a resumed replay,
+//! a redelivery) is a duplicate, never set aside. A key is parked while it is replaying or has pending records; its next replay
 //! re-publishes the last replay's own records first (in the replay's order), then the others
 //! in the order they were set aside: each key's original order, whatever interleaved.
 //!
@@ -32,8 +36,7 @@
 //! [`EngineConfig::park_keys`]: crate::EngineConfig::park_keys
 //! [`DeadLetterSink::read_back`]: crate::DeadLetterSink::read_back
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -60,6 +63,9 @@ pub const DL_PARK_ID: &str = "convoy-dl-park-id";
 /// The cause of an end marker: a record that only says how far a read-back must read, for a
 /// destination with no end to read to (a RabbitMQ stream).
 pub const CAUSE_END: &str = "read-back-end";
+/// Header on a replay-done marker: the topic whose part of the replay ended (a key's messages
+/// on several topics are replayed to each, and each topic's copies end in their own order).
+pub const REPLAY_PART: &str = "convoy-replay-part";
 
 /// True for the records of a dead-letter destination that are markers, not messages (replay,
 /// replay-done, end): listings and replays skip them.
@@ -121,30 +127,72 @@ pub struct ParkedRecord {
     pub stored: Option<Position>,
     /// The replay its message came from, if it was a replayed one.
     pub replay: Option<ReplayTag>,
+    /// Its message failed (the dead letter that parked the key), rather than being set aside.
+    pub failed: bool,
+    /// The topic its message came from, if known.
+    pub topic: Option<String>,
     /// The record as the dead-letter destination holds it (`None` for one this engine wrote
     /// and has not read back).
     pub record: Option<Message>,
 }
 
 impl ParkedRecord {
-    /// The record of `message`, known by `id`, set aside or dead-lettered here.
-    pub fn of(message: &Message, id: Option<String>) -> ParkedRecord {
+    /// The record of `message`, known by `id`, dead-lettered here (`failed`) or set aside.
+    pub fn of(message: &Message, id: Option<String>, failed: bool) -> ParkedRecord {
         ParkedRecord {
             id,
             stored: None,
             replay: ReplayTag::of(&message.headers),
+            failed,
+            topic: topic_of(message.source.as_str()),
             record: None,
         }
     }
 }
 
-/// A replay under way: its id and size.
+/// The topic of a source named `topic/partition`.
+pub fn topic_of(source: &str) -> Option<String> {
+    source.rsplit_once('/').map(|(topic, _)| topic.to_owned())
+}
+
+/// A replay under way: its id and size, and — when the records it re-publishes are known —
+/// the topic of each of its messages.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Replaying {
     /// The replay's id.
     pub id: String,
     /// Messages in it.
     pub count: u32,
+    /// The topic of message `i` at `i - 1` (empty when not known for every message).
+    pub topics: Vec<String>,
+    /// The topics whose part of the replay ended.
+    pub done: BTreeSet<String>,
+}
+
+impl Replaying {
+    /// True if message `index` (from 1), of `topic`, is the last of its topic's part: the
+    /// replay's last message, when the parts are not known.
+    pub fn last_of_part(&self, index: u32, topic: Option<&str>) -> bool {
+        match topic.filter(|_| !self.topics.is_empty()) {
+            Some(topic) => self
+                .topics
+                .iter()
+                .rposition(|t| t == topic)
+                .is_some_and(|last| last as u32 + 1 == index),
+            None => index >= self.count,
+        }
+    }
+
+    /// True once every part ended (the one given now included).
+    fn ends_with(&mut self, part: Option<String>) -> bool {
+        match part.filter(|_| !self.topics.is_empty()) {
+            Some(part) => {
+                self.done.insert(part);
+                self.topics.iter().all(|t| self.done.contains(t))
+            }
+            None => true,
+        }
+    }
 }
 
 /// What the dead-letter destination says of one key of a group.
@@ -203,6 +251,34 @@ impl KeyParking {
             .any(|r| r.replay.as_ref().is_some_and(|t| t.id == id))
     }
 
+    /// True if a message of `topic`'s part of replay `id` failed or was set aside (any part's,
+    /// when the topic is not known): the rest of that part follows it. Each topic's copies run
+    /// in their own order, so a failure in one topic does not set the other topics' aside.
+    pub fn part_failed(&self, id: &str, topic: Option<&str>) -> bool {
+        self.pending.iter().any(|r| {
+            r.replay.as_ref().is_some_and(|t| t.id == id)
+                && topic.is_none_or(|topic| r.topic.as_deref().is_none_or(|t| t == topic))
+        })
+    }
+
+    /// True if message `index` of the replay under way, of `topic`, was handled before the
+    /// replay failed: the topic's messages run in the replay's order, so every one before the
+    /// first that failed in the same topic ran. Such a message delivered again (a resumed
+    /// replay publishes all of it again) is a duplicate, never set aside: a later replay would
+    /// handle it twice.
+    pub fn ran_before_failure(&self, index: u32, topic: Option<&str>) -> bool {
+        let (Some(replay), Some(topic)) = (&self.replaying, topic) else {
+            return false;
+        };
+        self.pending
+            .iter()
+            .filter(|r| r.failed && r.topic.as_deref() == Some(topic))
+            .filter_map(|r| r.replay.as_ref().filter(|t| t.id == replay.id))
+            .map(|t| t.index)
+            .min()
+            .is_some_and(|first_failed| index < first_failed)
+    }
+
     /// The records a replay re-publishes now, in the key's order: the last replay's own
     /// records first (in that replay's order), then the others as they were written.
     pub fn to_replay(&self) -> Vec<&ParkedRecord> {
@@ -230,16 +306,25 @@ impl KeyParking {
         let mut taken: Vec<ParkedRecord> = taken;
         taken.sort_by_key(|r| r.stored.as_ref().and_then(|p| stored.iter().position(|s| s == p)));
         self.replayed.extend(taken.iter().filter_map(|r| r.id.clone()));
+        let topics: Option<Vec<String>> = taken.iter().map(|r| r.topic.clone()).collect();
+        let topics = topics
+            .filter(|t| t.len() == tag.count as usize)
+            .unwrap_or_default();
         self.replaying_records = taken;
         self.replaying = Some(Replaying {
             id: tag.id.clone(),
             count: tag.count,
+            topics,
+            done: BTreeSet::new(),
         });
         self.last_replay = Some(tag.id.clone());
     }
 
-    fn replay_done(&mut self, id: &str) {
-        if self.replaying.as_ref().is_some_and(|r| r.id == id) {
+    fn replay_done(&mut self, id: &str, part: Option<String>) {
+        let Some(replaying) = self.replaying.as_mut().filter(|r| r.id == id) else {
+            return;
+        };
+        if replaying.ends_with(part) {
             self.replaying = None;
             self.replaying_records.clear();
             self.ended.insert(id.to_owned());
@@ -255,14 +340,18 @@ pub enum ParkingChange {
     /// A replay of the key started, re-publishing the records the destination holds at these
     /// positions.
     ReplayStarted(ReplayTag, Vec<Position>),
-    /// The replay with this id ended.
-    ReplayDone(String),
+    /// The part of the replay with this id of one topic (`None`: all of it) ended.
+    ReplayDone(String, Option<String>),
 }
 
 /// The parked keys of one group, folded from its dead-letter destination.
 #[derive(Clone, Debug, Default)]
 pub struct ParkedKeys {
-    keys: HashMap<Bytes, KeyParking>,
+    /// Ordered: listings and replays of every key go in one order (and a simulation's trace).
+    keys: BTreeMap<Bytes, KeyParking>,
+    /// The replays that ended of keys no longer parked: a copy of one delivered later (a
+    /// resumed replay's) is still a duplicate when its key parks again.
+    ended: BTreeMap<Bytes, HashSet<String>>,
 }
 
 impl ParkedKeys {
@@ -284,14 +373,28 @@ impl ParkedKeys {
 
     /// Applies a change to `key`'s parking.
     pub fn apply(&mut self, key: Bytes, change: ParkingChange) {
-        let entry = self.keys.entry(key.clone()).or_default();
+        let ended = &mut self.ended;
+        let entry = self.keys.entry(key.clone()).or_insert_with(|| KeyParking {
+            ended: ended.remove(&key).unwrap_or_default(),
+            ..KeyParking::default()
+        });
         match change {
             ParkingChange::SetAside(record) => entry.set_aside(*record),
             ParkingChange::ReplayStarted(tag, positions) => entry.replay_started(&tag, &positions),
-            ParkingChange::ReplayDone(id) => entry.replay_done(&id),
+            ParkingChange::ReplayDone(id, part) => entry.replay_done(&id, part),
         }
         if !entry.is_parked() {
-            self.keys.remove(&key);
+            if let Some(parking) = self.keys.remove(&key).filter(|p| !p.ended.is_empty()) {
+                self.ended.insert(key, parking.ended);
+            }
+        }
+    }
+
+    /// True if replay `id` of `key` ended (the key parked or not).
+    pub fn replay_ended(&self, key: &[u8], id: &str) -> bool {
+        match self.keys.get(key) {
+            Some(parking) => parking.replay_ended(id),
+            None => self.ended.get(key).is_some_and(|ended| ended.contains(id)),
         }
     }
 
@@ -513,17 +616,11 @@ async fn publish(
     Ok(receipts)
 }
 
-/// A replay's id: unique enough across operators and machines.
+/// A replay's id: 128 random bits, unique across operators and machines (drawn from the
+/// thread's generator, so a simulation that seeds it replays the same ids).
 fn replay_id() -> String {
-    static SERIAL: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!(
-        "{nanos:x}-{:x}-{}",
-        std::process::id(),
-        SERIAL.fetch_add(1, Ordering::Relaxed)
-    )
+    let mut rng = fastrand::Rng::new();
+    format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
 }
 
 /// What a record of the dead-letter destination changes, if it is `group`'s and about parking.
@@ -532,7 +629,8 @@ fn change_of(group: &str, record: &Message) -> Option<(Bytes, ParkingChange)> {
     if headers.get_str(DL_GROUP) != Some(group) {
         return None;
     }
-    let key = record.key.clone()?;
+    // The empty key is no key: never parked (records an older version wrote for it included).
+    let key = record.key.clone().filter(|k| !k.is_empty())?;
     let cause = headers.get_str(DL_CAUSE)?;
     let change = if cause == DeadLetterCause::Replay.as_str() {
         let tag = ReplayTag::of(headers)?;
@@ -544,12 +642,17 @@ fn change_of(group: &str, record: &Message) -> Option<(Bytes, ParkingChange)> {
             .collect();
         ParkingChange::ReplayStarted(tag, positions)
     } else if cause == DeadLetterCause::ReplayDone.as_str() {
-        ParkingChange::ReplayDone(ReplayTag::of(headers)?.id)
+        ParkingChange::ReplayDone(
+            ReplayTag::of(headers)?.id,
+            headers.get_str(REPLAY_PART).map(str::to_owned),
+        )
     } else if cause == DeadLetterCause::Parked.as_str() || headers.get_str(DL_PARKS).is_some() {
         ParkingChange::SetAside(Box::new(ParkedRecord {
             id: headers.get_str(DL_PARK_ID).map(str::to_owned),
             stored: Some((record.source.to_string(), record.offset)),
             replay: ReplayTag::of(headers),
+            failed: cause != DeadLetterCause::Parked.as_str(),
+            topic: headers.get_str(DL_SOURCE).and_then(topic_of),
             record: Some(record.clone()),
         }))
     } else {

@@ -41,6 +41,13 @@ pub struct Faults {
     /// How long a member may take to acknowledge a revoke before the partitions are handed on
     /// anyway (the revoke's deadline) and the member is expelled.
     pub rebalance_timeout: Duration,
+    /// How long after a member's connection dropped its partitions are handed on (Kafka's
+    /// session timeout): the member is told at once that it lost them.
+    pub session_timeout: Duration,
+    /// Commits wait until then before they are answered (a coordinator that does not answer).
+    pub hang_commits_until: Option<Instant>,
+    /// Sources not fetched before the instant given (a slow partition leader).
+    pub delayed_sources: BTreeMap<SourceId, Instant>,
 }
 
 impl Default for Faults {
@@ -52,6 +59,9 @@ impl Default for Faults {
             fail_dead_letters: 0,
             fail_commits: 0,
             rebalance_timeout: Duration::from_secs(60),
+            session_timeout: Duration::ZERO,
+            hang_commits_until: None,
+            delayed_sources: BTreeMap::new(),
         }
     }
 }
@@ -173,6 +183,8 @@ pub const EVENT_CAPACITY: usize = 4;
 enum Ownership {
     Owned(u64),
     Revoking(u64),
+    /// Its owner's connection dropped: handed on once the session timeout passed.
+    Lost(u64),
 }
 
 #[derive(Default)]
@@ -210,6 +222,8 @@ struct Inner {
     data: Notify,
     faults: Mutex<Faults>,
     dead_letter_failures: AtomicU64,
+    /// Revokes a live member did not acknowledge by their deadline.
+    missed_revokes: AtomicU64,
 }
 
 /// The in-memory broker. Cheap to clone (shared state).
@@ -252,6 +266,7 @@ impl MemoryBroker {
                 data: Notify::new(),
                 faults: Mutex::new(Faults::default()),
                 dead_letter_failures: AtomicU64::new(0),
+                missed_revokes: AtomicU64::new(0),
             }),
         }
     }
@@ -301,7 +316,8 @@ impl MemoryBroker {
         self.state().topics.get(topic).map(|t| t.partitions.len() as u32)
     }
 
-    /// Appends a message; keyed messages go to `murmur2(key) % partitions`.
+    /// Appends a message; keyed messages go to `murmur2(key) % partitions`, keyless ones (and
+    /// those with the empty key) round robin.
     pub fn publish(&self, topic: &str, message: OutgoingMessage) -> Result<Receipt, TransportError> {
         let gap_every = self.faults().offset_gap_every;
         let receipt = {
@@ -313,7 +329,8 @@ impl MemoryBroker {
                 )
             })?;
             let n = t.partitions.len() as u32;
-            let partition = match &message.key {
+            // The empty key is no key (as convoy's NATS and RabbitMQ publishers take it).
+            let partition = match message.key.as_ref().filter(|k| !k.is_empty()) {
                 Some(key) => partition_for_key(key, n),
                 None => {
                     t.round_robin = t.round_robin.wrapping_add(1);
@@ -431,7 +448,7 @@ impl MemoryBroker {
                     .iter()
                     .map(|((t, p), o)| {
                         let m = match o {
-                            Ownership::Owned(m) | Ownership::Revoking(m) => *m,
+                            Ownership::Owned(m) | Ownership::Revoking(m) | Ownership::Lost(m) => *m,
                         };
                         (source_id(t, *p), m)
                     })
@@ -496,6 +513,7 @@ impl MemoryBroker {
                 return;
             };
             g.members.remove(&member);
+            // A lost partition stays with the session until it expires.
             g.owners
                 .retain(|_, o| !matches!(o, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member));
             rebalance(&mut state, &m.group, timeout)
@@ -503,31 +521,55 @@ impl MemoryBroker {
         self.await_revokes(revokes);
     }
 
-    /// Fault: the member's connection drops. Its sources are lost (no commit possible), then
-    /// the member rejoins and gets sources again from their committed positions.
+    /// Fault: the member's connection drops. Its sources are lost (no commit possible; the
+    /// member is told at once), handed on once the session timeout passed, and the member
+    /// rejoins and gets sources again from their committed positions.
     pub fn drop_connection(&self, member: u64) {
-        let timeout = self.faults().rebalance_timeout;
-        let revokes = {
+        let faults = self.faults();
+        let group = {
             let mut state = self.state();
             let Some(m) = state.members.get_mut(&member) else {
                 return;
             };
-            let lost: Vec<TopicPartition> = std::mem::take(&mut m.assigned).into_keys().collect();
-            if !lost.is_empty() {
-                m.pending.push_back(SourceEvent::Lost(
-                    lost.iter().map(|(t, p)| source_id(t, *p)).collect(),
-                ));
-            }
-            m.wake.notify_one();
+            std::mem::take(&mut m.assigned);
             let group = m.group.clone();
+            // Everything it owns is lost, the partitions it is being asked to give back too.
+            let mut lost = Vec::new();
             if let Some(g) = state.groups.get_mut(&group) {
-                g.owners.retain(
-                    |_, o| !matches!(o, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member),
-                );
+                for (tp, owner) in g.owners.iter_mut() {
+                    if matches!(owner, Ownership::Owned(x) | Ownership::Revoking(x) if *x == member) {
+                        *owner = Ownership::Lost(member);
+                        lost.push(source_id(&tp.0, tp.1));
+                    }
+                }
             }
-            rebalance(&mut state, &group, timeout)
+            lost.sort();
+            if let Some(m) = state.members.get_mut(&member) {
+                if !lost.is_empty() {
+                    m.pending.push_back(SourceEvent::Lost(lost));
+                }
+                m.wake.notify_one();
+            }
+            group
         };
-        self.await_revokes(revokes);
+        let broker = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(faults.session_timeout).await;
+            let revokes = {
+                let mut state = broker.state();
+                if let Some(g) = state.groups.get_mut(&group) {
+                    g.owners
+                        .retain(|_, o| !matches!(o, Ownership::Lost(x) if *x == member));
+                }
+                rebalance(&mut state, &group, faults.rebalance_timeout)
+            };
+            broker.await_revokes(revokes);
+        });
+    }
+
+    /// Revokes that a member still in the group did not acknowledge by their deadline.
+    pub fn missed_revokes(&self) -> u64 {
+        self.inner.missed_revokes.load(Relaxed)
     }
 
     /// Waits (in the background) for revoke acknowledgements, then hands the sources on.
@@ -535,10 +577,11 @@ impl MemoryBroker {
         for revoke in revokes {
             let broker = self.clone();
             tokio::spawn(async move {
-                let acked = matches!(
-                    tokio::time::timeout_at(revoke.deadline, revoke.ack).await,
-                    Ok(Ok(()))
-                );
+                let answer = tokio::time::timeout_at(revoke.deadline, revoke.ack).await;
+                let acked = matches!(answer, Ok(Ok(())));
+                if answer.is_err() && broker.state().members.contains_key(&revoke.member) {
+                    broker.inner.missed_revokes.fetch_add(1, Relaxed);
+                }
                 if !acked {
                     // Dropped ack (crash) or too slow: like Kafka, expel the member.
                     tracing::warn!(
@@ -584,6 +627,18 @@ impl MemoryBroker {
             m.wake.notify_one();
         }
         Ok(())
+    }
+
+    /// Waits while commits hang (a fault), then commits.
+    pub(crate) async fn commit_when_answered(
+        &self,
+        member: u64,
+        commits: &[Commit],
+    ) -> Result<(), TransportError> {
+        while let Some(until) = self.faults().hang_commits_until.filter(|&u| Instant::now() < u) {
+            tokio::time::sleep_until(until).await;
+        }
+        self.commit(member, commits)
     }
 
     pub(crate) fn commit(&self, member: u64, commits: &[Commit]) -> Result<(), TransportError> {
@@ -644,6 +699,7 @@ impl MemoryBroker {
             tokio::pin!(data);
             data.as_mut().enable();
             let faults = self.faults();
+            let mut delayed_until: Option<Instant> = None;
             let out = {
                 let mut state = self.state();
                 let State { topics, members, .. } = &mut *state;
@@ -652,6 +708,7 @@ impl MemoryBroker {
                 };
                 let mut out: Vec<SourceEvent> = member.pending.drain(..).collect();
                 let count = member.assigned.len();
+                let now = Instant::now();
                 for i in 0..count {
                     let index = (next_partition + i) % count;
                     let Some(((topic, partition), cursor)) = member.assigned.iter_mut().nth(index) else {
@@ -660,13 +717,17 @@ impl MemoryBroker {
                     if cursor.paused {
                         continue;
                     }
+                    let source = source_id(topic, *partition);
+                    if let Some(&until) = faults.delayed_sources.get(&source).filter(|&&u| now < u) {
+                        delayed_until = Some(delayed_until.map_or(until, |d: Instant| d.min(until)));
+                        continue;
+                    }
                     let Some(p) = topics
                         .get(topic)
                         .and_then(|t| t.partitions.get(*partition as usize))
                     else {
                         continue;
                     };
-                    let source = source_id(topic, *partition);
                     let mut weight = 0usize;
                     let mut messages = tx.batch_buffer();
                     messages.extend(
@@ -690,10 +751,14 @@ impl MemoryBroker {
                 out
             };
             if out.is_empty() {
+                // Biased: the order of the branches, not a random draw, decides (simulations
+                // replay a run exactly).
                 tokio::select! {
-                    _ = data => {}
-                    _ = wake.notified() => {}
+                    biased;
                     _ = tx.closed() => { self.leave(id); return; }
+                    _ = wake.notified() => {}
+                    _ = data => {}
+                    _ = tokio::time::sleep_until(delayed_until.unwrap_or_else(Instant::now)), if delayed_until.is_some() => {}
                 }
                 continue;
             }

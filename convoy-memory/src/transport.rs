@@ -72,7 +72,7 @@ impl SourceControl for MemoryControl {
     }
 
     async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {
-        self.broker.commit(self.member, commits)
+        self.broker.commit_when_answered(self.member, commits).await
     }
 
     async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {

@@ -23,7 +23,7 @@ use crate::idempotency::{Idempotency, IdempotencyStore, MemoryIdempotencyStore};
 use crate::message::Headers;
 use crate::message::{EventId, IdRef, Message};
 use crate::metrics::LaneMetrics;
-use crate::parking::{ParkingChange, ReplayTag, DL_PARK_ID, REPLAY};
+use crate::parking::{ParkingChange, ReplayTag, DL_PARK_ID, REPLAY, REPLAY_PART};
 use crate::retry::{Backoff, OnExhausted, RetryPolicy};
 use crate::trace_context::TraceContext;
 use crate::transport::{Lease, TransportError};
@@ -123,13 +123,46 @@ pub(crate) struct ShardContext {
     /// Messages being retried, by their address: attempts so far and the last failure (for
     /// an operator's view). Touched on the retry path only.
     pub retrying: std::sync::Mutex<std::collections::HashMap<usize, (u32, String)>>,
+    /// Messages (by address) whose handling is over, waiting only for their replay's end marker
+    /// to be written: never dead-lettered as stuck. Touched on that rare path only.
+    pub finishing: std::sync::Mutex<std::collections::HashSet<usize>>,
 }
 
 impl ShardContext {
+    pub(super) fn finishing(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<usize>> {
+        self.finishing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True if `message`'s handling is over (only its replay's end marker is being written).
+    pub(super) fn is_finishing(&self, message: &Arc<Message>) -> bool {
+        self.finishing().contains(&(Arc::as_ptr(message) as usize))
+    }
+
     pub(super) fn retrying(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, (u32, String)>> {
         self.retrying.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Marks a message whose handling is over while its lane writes its replay's end marker (see
+/// [`ShardContext::finishing`]); unmarked however that ends.
+struct Finishing<'a> {
+    shard: &'a ShardContext,
+    message: usize,
+}
+
+impl<'a> Finishing<'a> {
+    fn of(shard: &'a ShardContext, message: &Arc<Message>) -> Self {
+        let message = Arc::as_ptr(message) as usize;
+        shard.finishing().insert(message);
+        Finishing { shard, message }
+    }
+}
+
+impl Drop for Finishing<'_> {
+    fn drop(&mut self) {
+        self.shard.finishing().remove(&self.message);
     }
 }
 
@@ -195,6 +228,12 @@ pub(crate) async fn run(job: Job) -> Outcome {
         // Boxed: a batch handler's path; the state every single message's future carries stays small.
         Task::Run(run) => Box::pin(super::run::process(&shard, *run)).await,
         Task::DeadLetter { reason, lease } => {
+            // A stuck message that ran already (handled by an earlier assignment, delivered
+            // again and stuck behind its key) is finished, not dead-lettered: a replay of its
+            // dead letter would run it twice.
+            if already_finished(&shard, &message).await {
+                return Outcome::Duplicate;
+            }
             dead_letter(
                 &shard.ctx,
                 &shard.stats,
@@ -207,6 +246,19 @@ pub(crate) async fn run(job: Job) -> Outcome {
             .await
         }
     }
+}
+
+/// True when the idempotency store knows `message`'s header id as finished (counted as a
+/// duplicate). Asked before a message is set aside or dead-lettered unhandled.
+async fn already_finished(shard: &ShardContext, message: &Message) -> bool {
+    let id = Remembered::of(shard.ctx.idempotency.as_ref(), message);
+    if !id.is_header_id() || !id.seen(PositionId::None).await {
+        return false;
+    }
+    tracing::debug!(event_id = %id, "finished before: not set aside or dead-lettered again");
+    shard.stats.duplicates.fetch_add(1, Relaxed);
+    shard.ctx.metrics.duplicates.increment(1);
+    true
 }
 
 async fn process(
@@ -348,7 +400,10 @@ impl Lane<'_> {
         if self.fenced() {
             return Outcome::Fenced;
         }
-        if let Some(parking) = self.ctx.parking.as_ref().filter(|p| p.any_parked()) {
+        // A replayed message asks even while no key is parked: it may be a copy of a replay that
+        // ended, delivered again (a redelivery, a resumed replay), which must not run again.
+        let asks = |p: &&Arc<Parking>| p.any_parked() || message.headers.get(REPLAY).is_some();
+        if let Some(parking) = self.ctx.parking.as_ref().filter(asks) {
             match parking.gate(&message, park_id(&message, self.position_id).as_deref(), false) {
                 Gate::Free => {}
                 gate => return Box::pin(self.parked(parking, gate, message, received, span)).await,
@@ -381,6 +436,11 @@ impl Lane<'_> {
                 tracing::debug!("a message of a replay that ended: skipping the duplicate");
                 self.shard.stats.duplicates.fetch_add(1, Relaxed);
                 self.ctx.metrics.duplicates.increment(1);
+                Outcome::Duplicate
+            }
+            Gate::SetAside | Gate::ReadBack if already_finished(self.shard, &message).await => {
+                // A copy of a replay's message that ran already, delivered again: setting it
+                // aside would have the next replay run it a second time.
                 Outcome::Duplicate
             }
             Gate::SetAside | Gate::ReadBack => {
@@ -417,19 +477,38 @@ impl Lane<'_> {
         // The replay's last message ends it however it ended (a message of a replay that
         // failed earlier is set aside, but still its last).
         match parking.ending_replay(&message) {
-            Some(tag) => match self.end_replay(&message, &tag).await {
-                Ok(()) => outcome,
-                Err(unfinished) => unfinished,
-            },
+            Some((tag, part)) => {
+                // Its handling is over: a stuck check must not dead-letter it while only the
+                // marker waits for the dead-letter destination (a replay would run it again).
+                let _finishing = Finishing::of(self.shard, &message);
+                match self.end_replay(&message, &tag, part).await {
+                    Ok(()) => outcome,
+                    Err(unfinished) => unfinished,
+                }
+            }
             None => outcome,
         }
     }
 
-    /// Writes the marker that ends the key's replay `tag`, before the replay's last message
-    /// is finished (a crash before its commit writes it again).
-    async fn end_replay(&self, message: &Message, tag: &ReplayTag) -> Result<(), Outcome> {
+    /// Writes the marker that ends `part` (a topic) of the key's replay `tag`, before the
+    /// part's last message is finished (a crash before its commit writes it again).
+    async fn end_replay(
+        &self,
+        message: &Message,
+        tag: &ReplayTag,
+        part: Option<String>,
+    ) -> Result<(), Outcome> {
+        // The replayed messages' originals sit below the copies in their source: once the key is
+        // unparked, an original delivered again (a crash before their commit) would run again.
+        // The part ends only when everything below its last copy is committed.
+        if let Some(parking) = &self.ctx.parking {
+            parking.wait_committed_below(message, || self.fenced()).await;
+        }
         let mut headers = Headers::new();
         headers.insert(REPLAY, tag.header_value());
+        if let Some(part) = &part {
+            headers.insert(REPLAY_PART, part.clone());
+        }
         let now = SystemTime::now();
         let marker = DeadLetter {
             message: Message {
@@ -451,10 +530,10 @@ impl Lane<'_> {
             },
         };
         publish_record(self.ctx, &marker, self.lease, &mut fastrand::Rng::new()).await?;
-        if let (Some(parking), Some(key)) = (&self.ctx.parking, message.key.clone()) {
-            parking.record(key, ParkingChange::ReplayDone(tag.id.clone()));
+        if let (Some(parking), Some(key)) = (&self.ctx.parking, message.ordering_key().cloned()) {
+            parking.record(key, ParkingChange::ReplayDone(tag.id.clone(), part.clone()));
         }
-        tracing::info!(replay = %tag.id, "the replay of a parked key ended");
+        tracing::info!(replay = %tag.id, part = ?part, "a topic's part of the replay of a parked key ended");
         Ok(())
     }
 
@@ -683,8 +762,10 @@ impl std::fmt::Display for Remembered<'_> {
 /// Waits out a retry delay. Tokio's timer rounds every sleep up to the next millisecond, which
 /// would turn a sub-millisecond jittered backoff into ≥ 1 ms of lane time; delays under a
 /// millisecond are waited by yielding instead (other lanes keep running meanwhile). Yielding
-/// stops after `delay` of real time whatever the Tokio clock says, and the timer takes over, so
-/// a clock that does not move (a paused test clock) still ends the wait.
+/// stops after at most one yield per microsecond of the delay whatever the Tokio clock says
+/// (a yield takes longer than that), and the timer takes over: a clock that does not move (a
+/// paused one) still ends the wait, and the wait never depends on the real clock (a simulation
+/// replays it exactly).
 ///
 /// Boxed, like every path a message rarely takes: a lane future's state is as large as its
 /// largest await, and each message's future is moved into place (measured: 1.4 KiB per message
@@ -699,15 +780,16 @@ async fn wait(delay: Duration) {
         return;
     }
     let deadline = Instant::now() + delay;
-    let real = std::time::Instant::now();
-    while Instant::now() < deadline {
-        if real.elapsed() >= delay {
-            // A timer sleep completes on a later driver turn even when already due: only use
-            // it when the clock really lags (paused), not as the normal way out.
-            tokio::time::sleep_until(deadline).await;
+    for _ in 0..delay.as_micros() {
+        if Instant::now() >= deadline {
             return;
         }
         tokio::task::yield_now().await;
+    }
+    // A timer sleep completes on a later driver turn even when already due: only used when the
+    // clock really lags (paused), not as the normal way out.
+    if Instant::now() < deadline {
+        tokio::time::sleep_until(deadline).await;
     }
 }
 
@@ -840,7 +922,9 @@ async fn publish_dead_letter(
     rng: &mut fastrand::Rng,
 ) -> Outcome {
     let cause = reason.cause;
-    let parks = ctx.parking.is_some() && message.key.is_some();
+    // Keyless messages (the empty key included) are not one chain: their dead letters park
+    // nothing.
+    let parks = ctx.parking.is_some() && message.ordering_key().is_some();
     reason.parks_key = parks && cause != DeadLetterCause::Parked;
     let mut dead_letter = DeadLetter {
         message: message.clone(),
@@ -859,7 +943,7 @@ async fn publish_dead_letter(
         return unfinished;
     }
     if let Some(parking) = ctx.parking.as_ref().filter(|_| parks) {
-        parking.set_aside(message, id);
+        parking.set_aside(message, id, cause != DeadLetterCause::Parked);
     }
     if cause == DeadLetterCause::Parked {
         stats.parked.fetch_add(1, Relaxed);

@@ -300,6 +300,7 @@ impl Engine {
                 calls: calls.clone(),
                 index,
                 retrying: Default::default(),
+                finishing: Default::default(),
             };
             let shard = Shard::new(rx, reports_tx.clone(), context, lane::run, spares.clone());
             shard_aborts.push(shard_tasks.spawn(shard.run()));

@@ -13,7 +13,7 @@ use metrics::Gauge;
 
 use crate::dead_letter::DeadLetterSink;
 use crate::message::{Message, Offset, SourceId};
-use crate::parking::{ParkedKeys, ParkedRecord, ParkingChange, ReplayTag};
+use crate::parking::{topic_of, ParkedKeys, ParkedRecord, ParkingChange, ReplayTag};
 
 /// How often a dead letter that parks its key looks for the commit below it.
 const COMMIT_POLL: Duration = Duration::from_millis(10);
@@ -94,36 +94,47 @@ impl Parking {
     /// What to do with `message`, known by `id` (if anything identifies it). After a read-back
     /// (`read`), a replay still unknown is a stale one: its messages are set aside.
     pub fn gate(&self, message: &Message, id: Option<&str>, read: bool) -> Gate {
-        let Some(key) = message.key.as_ref() else {
+        // Parking is by ordering key, as everything else is: the empty key is no key (its
+        // messages follow the keyless policy), so it never parks.
+        let Some(key) = message.ordering_key() else {
             return Gate::Free;
         };
         let mut state = self.state();
-        let Some(parking) = state.keys.get(key) else {
-            return Gate::Free;
-        };
         let tag = ReplayTag::of(&message.headers).filter(|t| t.index >= 1);
-        if let Some(tag) = &tag {
-            if parking.replaying().is_some_and(|r| r.id == tag.id) && !parking.replay_failed(&tag.id) {
-                return Gate::Replay;
-            }
-            if parking.replay_ended(&tag.id) {
-                return Gate::Duplicate;
-            }
-        }
-        if id.is_some_and(|id| parking.holds(id)) {
-            return Gate::AlreadySetAside;
-        }
+        let Some(parking) = state.keys.get(key) else {
+            // A copy of a replay that ended, delivered again after its key was unparked.
+            return match &tag {
+                Some(tag) if state.keys.replay_ended(key, &tag.id) => Gate::Duplicate,
+                _ => Gate::Free,
+            };
+        };
         if let Some(tag) = tag {
-            let known = parking.replaying().is_some()
-                || parking.last_replay() == Some(tag.id.as_str())
-                || state.unknown_replays.contains(&tag.id);
-            if !known {
+            let topic = topic_of(message.source.as_str());
+            if parking.replaying().is_some_and(|r| r.id == tag.id) {
+                if !parking.part_failed(&tag.id, topic.as_deref()) {
+                    return Gate::Replay;
+                }
+                if parking.ran_before_failure(tag.index, topic.as_deref()) {
+                    return Gate::Duplicate;
+                }
+            } else if parking.replay_ended(&tag.id) {
+                return Gate::Duplicate;
+            } else if parking.last_replay() != Some(tag.id.as_str())
+                && !state.unknown_replays.contains(&tag.id)
+            {
+                // A replay this view has not read of (another member's view may be newer).
                 if !read {
                     return Gate::ReadBack;
                 }
                 tracing::warn!(replay = %tag.id, "a replayed message of a parked key whose replay the dead-letter destination does not name: set aside (replay the key again)");
                 state.unknown_replays.insert(tag.id);
             }
+        }
+        let Some(parking) = state.keys.get(key) else {
+            return Gate::Free;
+        };
+        if id.is_some_and(|id| parking.holds(id)) {
+            return Gate::AlreadySetAside;
         }
         Gate::SetAside
     }
@@ -175,13 +186,16 @@ impl Parking {
         }
     }
 
-    /// The replay `message` ends, if it is the last message of its key's replay under way:
-    /// however it ended (handled, failed, set aside, set aside before), the replay is over.
-    pub fn ending_replay(&self, message: &Message) -> Option<ReplayTag> {
-        let tag = ReplayTag::of(&message.headers).filter(ReplayTag::is_last)?;
+    /// The replay `message` ends a part of — the replay's tag and the part's topic — if it is
+    /// the last message of its topic's part of its key's replay under way: however it ended
+    /// (handled, failed, set aside, set aside before), that part is over.
+    pub fn ending_replay(&self, message: &Message) -> Option<(ReplayTag, Option<String>)> {
+        let tag = ReplayTag::of(&message.headers).filter(|t| t.index >= 1)?;
+        let topic = topic_of(message.source.as_str());
         let state = self.state();
-        let parking = state.keys.get(message.key.as_ref()?)?;
-        parking.replaying().is_some_and(|r| r.id == tag.id).then_some(tag)
+        let replaying = state.keys.get(message.ordering_key()?)?.replaying()?;
+        (replaying.id == tag.id && replaying.last_of_part(tag.index, topic.as_deref()))
+            .then_some((tag, topic))
     }
 
     /// Records a change a lane made (after the destination confirmed its record).
@@ -205,12 +219,13 @@ impl Parking {
         self.keys.set(parked as f64);
     }
 
-    /// Records that `message`, known by `id`, failed and parked its key, or was set aside.
-    pub fn set_aside(&self, message: &Message, id: Option<String>) {
-        if let Some(key) = message.key.clone() {
+    /// Records that `message`, known by `id`, failed and parked its key (`failed`), or was set
+    /// aside.
+    pub fn set_aside(&self, message: &Message, id: Option<String>, failed: bool) {
+        if let Some(key) = message.ordering_key().cloned() {
             self.record(
                 key,
-                ParkingChange::SetAside(Box::new(ParkedRecord::of(message, id))),
+                ParkingChange::SetAside(Box::new(ParkedRecord::of(message, id, failed))),
             );
         }
     }
@@ -313,14 +328,14 @@ mod tests {
         let parking = Parking::new("g");
         let gate = |m: &Message, read| parking.gate(m, id(m.offset).as_deref(), read);
         assert_eq!(gate(&message("k", 1, None), false), Gate::Free);
-        parking.set_aside(&message("k", 1, None), id(1));
+        parking.set_aside(&message("k", 1, None), id(1), true);
         assert_eq!(
             gate(&message("other", 2, None), false),
             Gate::Free,
             "other keys never wait"
         );
         assert_eq!(gate(&message("k", 2, None), false), Gate::SetAside);
-        parking.set_aside(&message("k", 2, None), id(2));
+        parking.set_aside(&message("k", 2, None), id(2), false);
         assert_eq!(
             gate(&message("k", 2, None), false),
             Gate::AlreadySetAside,
@@ -372,7 +387,7 @@ mod tests {
         );
         // Meanwhile a lane sets 10 aside: the destination confirmed it, then the view took it.
         destination.add("k", &parked(10));
-        parking.set_aside(&message("k", 10, None), id(10));
+        parking.set_aside(&message("k", 10, None), id(10), false);
         let first = message("k", 11, Some("r1 1/2"));
         assert_eq!(gate(&first), Gate::ReadBack);
         parking.read_back(&destination).await;
@@ -385,8 +400,14 @@ mod tests {
         );
         let last = message("k", 12, Some("r1 2/2"));
         assert_eq!(gate(&last), Gate::Replay);
-        assert_eq!(parking.ending_replay(&last).map(|t| t.id), Some("r1".to_owned()));
-        parking.record(Bytes::from_static(b"k"), ParkingChange::ReplayDone("r1".into()));
+        assert_eq!(
+            parking.ending_replay(&last).map(|(t, _)| t.id),
+            Some("r1".to_owned())
+        );
+        parking.record(
+            Bytes::from_static(b"k"),
+            ParkingChange::ReplayDone("r1".into(), None),
+        );
         assert_eq!(
             gate(&message("k", 13, None)),
             Gate::SetAside,
@@ -419,7 +440,7 @@ mod tests {
         let gate = |m: &Message| parking.gate(m, id(m.offset).as_deref(), false);
         let first = message("k", 5, Some("r1 1/3"));
         assert_eq!(gate(&first), Gate::Replay);
-        parking.set_aside(&first, id(5)); // it failed again: dead-lettered, parking the key
+        parking.set_aside(&first, id(5), true); // it failed again: dead-lettered, parking the key
         assert_eq!(gate(&message("k", 6, Some("r1 2/3"))), Gate::SetAside);
         // Set aside too, the replay's last message still ends it.
         let last = message("k", 7, Some("r1 3/3"));

@@ -16,7 +16,9 @@ use proptest::prelude::*;
 use super::parking::{Gate, Parking};
 use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
-use crate::parking::{replay_key, resume_replay, ParkedKeys, ParkingChange, ReplayError, DL_PARK_ID, REPLAY};
+use crate::parking::{
+    replay_key, resume_replay, ParkedKeys, ParkingChange, ReplayError, DL_PARK_ID, REPLAY, REPLAY_PART,
+};
 use crate::transport::{Publisher, Receipt, TransportError};
 use crate::EVENT_ID_HEADER;
 
@@ -140,14 +142,17 @@ impl World {
             Gate::Free | Gate::Replay => self.handle(&message, id),
             Gate::SetAside | Gate::ReadBack => {
                 self.write(with_id(&message, &id), DeadLetterCause::Parked, false);
-                self.parking.set_aside(&message, id);
+                self.parking.set_aside(&message, id, false);
             }
             Gate::AlreadySetAside | Gate::Duplicate => {}
         }
         // As the lane: the replay's last message ends it, however it ended.
-        if let Some(tag) = self.parking.ending_replay(&message) {
+        if let Some((tag, part)) = self.parking.ending_replay(&message) {
             let mut headers = Headers::new();
             headers.insert(REPLAY, tag.header_value());
+            if let Some(part) = &part {
+                headers.insert(REPLAY_PART, part.clone());
+            }
             let marker = Message {
                 headers,
                 payload: Bytes::new(),
@@ -155,7 +160,7 @@ impl World {
             };
             self.write(marker, DeadLetterCause::ReplayDone, false);
             self.parking
-                .record(Bytes::from_static(KEY), ParkingChange::ReplayDone(tag.id));
+                .record(Bytes::from_static(KEY), ParkingChange::ReplayDone(tag.id, part));
         }
         true
     }
@@ -170,7 +175,7 @@ impl World {
         }
         if !self.fixed && self.failing.contains(&seq) {
             self.write(with_id(message, &id), DeadLetterCause::Terminal, true);
-            self.parking.set_aside(message, id);
+            self.parking.set_aside(message, id, true);
         } else {
             self.handled.push(seq);
         }

@@ -8,7 +8,7 @@
 //! Cancelling drops a lane future at once (the shard owns it), before anyone hears back: a
 //! cancelled handler is gone, not merely asleep, when its source is handed to another member.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::atomic::AtomicUsize;
@@ -185,8 +185,9 @@ pub(crate) enum ShardCommand {
     DropQueued {
         epochs: Epochs,
     },
-    /// Abort in-flight messages of these assignments (their completions are never reported);
-    /// answered with [`ShardReport::Cancelled`] and the request's number.
+    /// Drop queued and abort in-flight messages of these assignments (their completions are
+    /// never reported); answered with [`ShardReport::Dropped`] (if any was queued), then
+    /// [`ShardReport::Cancelled`] and the request's number.
     Cancel {
         epochs: Epochs,
         request: u64,
@@ -309,6 +310,13 @@ struct Lane {
     hash: u64,
     queue: VecDeque<Work>,
     busy: Option<InFlight>,
+    /// A message of this assignment was taken out of the queue as stuck and is being
+    /// dead-lettered on a lane of its own: the assignment's next messages wait for it (they
+    /// must not overtake it), the other sources' messages of the key do not.
+    blocked: Option<u64>,
+    /// On a detached lane: the lane its message was taken from (key and hash), to unblock
+    /// once the dead letter is done (or cancelled).
+    unblocks: Option<(LaneKey, u64)>,
 }
 
 impl Lane {
@@ -318,7 +326,20 @@ impl Lane {
             hash,
             queue: VecDeque::new(),
             busy: None,
+            blocked: None,
+            unblocks: None,
         }
+    }
+
+    /// True when the lane may start its next queued message now.
+    fn may_start(&self) -> bool {
+        self.busy.is_none() && self.queue.front().is_some_and(|w| Some(w.epoch) != self.blocked)
+    }
+
+    /// True when nothing runs, waits or depends on the lane any more (a blocked lane stays, so
+    /// that its assignment's next message, arriving later, still waits).
+    fn is_idle(&self) -> bool {
+        self.busy.is_none() && self.queue.is_empty() && self.blocked.is_none()
     }
 }
 
@@ -614,6 +635,12 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 let _ = self.reports.send(ShardReport::Dropped(dropped));
             }
             ShardCommand::Cancel { epochs, request } => {
+                // What is queued of them goes too, first: cancelling a lane's head would start
+                // the next message of a cancelled assignment otherwise.
+                let dropped = self.drop_queued(&epochs);
+                if !dropped.is_empty() {
+                    let _ = self.reports.send(ShardReport::Dropped(dropped));
+                }
                 // Dropped here: no handler of a cancelled message is alive when the intake hears
                 // back. What finished before goes first, so the intake counts it.
                 self.cancel(&epochs);
@@ -706,7 +733,8 @@ impl<F: Future<Output = Outcome>> Shard<F> {
         {
             Entry::Occupied(mut entry) => {
                 let lane = entry.get_mut();
-                if lane.busy.is_none() && lane.queue.is_empty() {
+                let blocked = lane.blocked == Some(work.epoch);
+                if lane.busy.is_none() && lane.queue.is_empty() && !blocked {
                     lane.busy = Some(self.launcher.start(work));
                 } else {
                     lane.queue.push_back(work);
@@ -754,15 +782,28 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 self.pending.push(busy.completion());
             }
         }
-        match self.launcher.start_next(&mut lane.queue) {
-            Some(next) => lane.busy = Some(next),
-            None => {
-                entry.remove();
-            }
+        if lane.may_start() {
+            lane.busy = self.launcher.start_next(&mut lane.queue);
+        }
+        if lane.is_idle() {
+            let gone = entry.remove().0;
+            self.unblock(gone.unblocks);
         }
         if self.pending.len() >= FLUSH_AT {
             self.flush();
         }
+    }
+
+    /// A detached stuck message's lane is gone (its dead letter is done or cancelled): the lane
+    /// it came from starts its next message again.
+    fn unblock(&mut self, from: Option<(LaneKey, u64)>) {
+        let Some((key, hash)) = from else {
+            return;
+        };
+        if let Some(lane) = self.lanes.get_mut(&key, hash) {
+            lane.blocked = None;
+        }
+        self.advance(&key, hash);
     }
 
     /// Starts the next queued message of an idle lane, or removes the lane if it has none.
@@ -771,20 +812,19 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             return;
         };
         let lane = entry.get_mut();
-        if lane.busy.is_some() {
-            return;
+        if lane.may_start() {
+            lane.busy = self.launcher.start_next(&mut lane.queue);
         }
-        match self.launcher.start_next(&mut lane.queue) {
-            Some(next) => lane.busy = Some(next),
-            None => {
-                entry.remove();
-            }
+        if lane.is_idle() {
+            let gone = entry.remove().0;
+            self.unblock(gone.unblocks);
         }
     }
 
     fn drop_queued(&mut self, epochs: &Epochs) -> Vec<(u64, Dropped)> {
-        let mut dropped: HashMap<u64, Dropped> = HashMap::new();
-        self.lanes.0.retain(|lane| {
+        let mut dropped: BTreeMap<u64, Dropped> = BTreeMap::new();
+        let mut idle = Vec::new();
+        for lane in self.lanes.0.iter_mut() {
             lane.queue.retain(|w| {
                 let drop = epochs.contains(w.epoch);
                 if drop {
@@ -794,8 +834,15 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 }
                 !drop
             });
-            lane.busy.is_some() || !lane.queue.is_empty()
-        });
+            if lane.is_idle() {
+                idle.push((lane.key.clone(), lane.hash));
+            }
+        }
+        // Lanes left empty go, as when their last message finishes (a detached one unblocks
+        // the lane it came from).
+        for (key, hash) in idle {
+            self.advance(&key, hash);
+        }
         dropped.into_iter().collect()
     }
 
@@ -862,6 +909,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
     }
 
     fn stuck(&mut self, epoch: u64, seq: Seq, waited: std::time::Duration) {
+        let mut unblocks = None;
         let in_flight = self
             .lanes
             .0
@@ -874,6 +922,17 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                     .is_some_and(|b| b.holds(epoch, seq) && b.started.is_some())
             })
             .map(|l| (l.key.clone(), l.hash));
+        let finishing = in_flight.as_ref().is_some_and(|(key, hash)| {
+            self.lanes
+                .0
+                .find(*hash, |l| l.hash == *hash && l.key == *key)
+                .and_then(|l| l.busy.as_ref())
+                .is_some_and(|b| self.launcher.shard.is_finishing(&b.message))
+        });
+        if finishing {
+            tracing::warn!(?waited, "a message held the watermark past the stuck timeout after it was handled: its replay's end marker waits for the dead-letter destination (not dead-lettered)");
+            return;
+        }
         let (key, hash, slot, weight, message, lease) = if let Some((key, hash)) = in_flight {
             let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|l| l.busy.take()) else {
                 return;
@@ -890,20 +949,24 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 (key, hash, first.slot, first.weight, first.message, first.lease)
             }
         } else {
-            // Queued behind another message of its key: take it out and give it a lane of its own.
+            // Queued behind another message of its key (of another source): take it out and give
+            // it a lane of its own; the messages of its source behind it wait until it is
+            // dead-lettered, the other sources' go on.
             let mut found = None;
             for lane in self.lanes.0.iter_mut() {
                 if let Some(i) = lane.queue.iter().position(|w| w.epoch == epoch && w.seq == seq) {
-                    found = lane.queue.remove(i);
+                    found = lane.queue.remove(i).map(|w| (w, lane.key.clone(), lane.hash));
+                    lane.blocked = Some(epoch);
                     break;
                 }
             }
-            let Some(work) = found else {
+            let Some((work, from, from_hash)) = found else {
                 return; // finished meanwhile
             };
             self.detached += 1;
             let key = LaneKey::Detached(self.detached);
             let hash = foldhash::fast::FixedState::default().hash_one(&key);
+            unblocks = Some((from, from_hash));
             (
                 key,
                 hash,
@@ -935,6 +998,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             Entry::Vacant(entry) => {
                 let mut lane = Lane::new(key, hash);
                 lane.busy = Some(in_flight);
+                lane.unblocks = unblocks;
                 entry.insert(lane);
             }
         }

@@ -27,6 +27,10 @@ fn commit_reserve(remaining: Duration, commit_timeout: Duration) -> Duration {
 const RETRY_FIRST: Duration = Duration::from_millis(50);
 const RETRY_MOST: Duration = Duration::from_secs(1);
 
+/// A revoke is acknowledged this long before its deadline at the latest: the transport hands the
+/// sources on at the deadline, and an acknowledgement that arrives with it is too late.
+const ACK_MARGIN: Duration = Duration::from_millis(50);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// In-flight messages may finish until `drain_until`.
@@ -55,16 +59,23 @@ pub(super) struct PendingRevoke {
 impl PendingRevoke {
     /// When the loop must look at this revoke again by itself.
     pub fn wake_at(&self) -> Instant {
+        let last = self.ack_by();
         match self.phase {
-            Phase::Draining => self.drain_until,
+            Phase::Draining => self.drain_until.min(last),
             // Waiting for the committer: its answer wakes the loop. Only a retry time still
             // ahead is a reason to wake (one passed would wake the loop at once, forever).
             Phase::AwaitCommit => self
                 .retry_at
                 .filter(|&at| at > Instant::now())
-                .map_or(self.deadline, |at| at.min(self.deadline)),
-            Phase::Cancelling(_) | Phase::Committing => self.deadline,
+                .map_or(last, |at| at.min(last)),
+            Phase::Cancelling(_) | Phase::Committing => last,
         }
+    }
+
+    /// The latest the revoke is acknowledged, committed or not.
+    fn ack_by(&self) -> Instant {
+        let window = self.deadline.saturating_duration_since(self.drain_until);
+        self.deadline - ACK_MARGIN.min(window / 2)
     }
 
     /// When the transport hands its sources on, acknowledged or not.
@@ -146,7 +157,9 @@ impl Intake {
             let now = Instant::now();
             let live = self.live_members(index);
             let revoke = &self.revokes[index];
-            let (id, deadline, phase) = (revoke.id, revoke.deadline, revoke.phase);
+            // Everything below ends by the acknowledgement's latest time, a little before the
+            // transport's deadline.
+            let (id, deadline, phase) = (revoke.id, revoke.ack_by(), revoke.phase);
             if phase == Phase::Draining {
                 let held: usize = live
                     .iter()

@@ -58,8 +58,8 @@ impl Intake {
         self.apply_flow();
     }
 
-    /// Has every shard abort its in-flight messages of `epochs` (their completions are never
-    /// reported); returns the request, pending until every shard answered.
+    /// Has every shard drop its queued and abort its in-flight messages of `epochs` (their
+    /// completions are never reported); returns the request, pending until every shard answered.
     pub(super) fn cancel(&mut self, epochs: Epochs) -> u64 {
         let id = self.cancels.next;
         self.cancels.next += 1;
@@ -89,7 +89,6 @@ impl Intake {
         if epochs.is_empty() {
             return None;
         }
-        self.drop_queued(Epochs::Some(epochs.clone()));
         Some(self.cancel(Epochs::Some(epochs)))
     }
 }

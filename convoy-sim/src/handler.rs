@@ -1,0 +1,114 @@
+//! The simulated handler: records every call in the ledger (its start checks ownership and
+//! order), then acts as the seed says — succeed, fail transiently or terminally, panic, or hang
+//! until the world heals. A call that is cancelled (its future dropped) ends in the ledger too.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use convoy_core::{Delivery, Handler, HandlerError};
+
+use crate::faults::{Act, Behaviour};
+use crate::ledger::{Call, Identity, Ledger};
+use crate::world::DLQ;
+use convoy_memory::MemoryBroker;
+
+/// What every member's handler shares.
+pub struct Shared {
+    pub ledger: Mutex<Ledger>,
+    pub behaviour: Behaviour,
+    /// The broker, whose dead-letter destination the ledger reads before every check.
+    pub broker: MemoryBroker,
+}
+
+impl Shared {
+    pub fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ledger, with every dead letter published so far read into it.
+    pub fn ledger_now(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        let records = self.broker.read_all(DLQ);
+        let mut ledger = self.ledger();
+        ledger.read_dead_letters(&records);
+        ledger
+    }
+}
+
+/// The text of a panic the simulator plans (its panic hook keeps it quiet).
+pub const PLANNED_PANIC: &str = "simulated handler panic";
+
+/// One member's handler.
+pub struct SimHandler {
+    pub member: usize,
+    pub shared: Arc<Shared>,
+}
+
+/// Ends the call in the ledger however it ends (a cancel drops it mid-call).
+struct Running {
+    shared: Arc<Shared>,
+    call: Option<Call>,
+    outcome: &'static str,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            self.shared.ledger().end(&call, self.outcome);
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for SimHandler {
+    async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
+        let message = delivery.message();
+        let Some(identity) = Identity::of(message) else {
+            self.shared.ledger().violation(format!(
+                "m{} got a message the world never sent: {message:?}",
+                self.member
+            ));
+            return Ok(());
+        };
+        let copy = identity.replay.as_ref().map_or(0, |(_, index)| *index);
+        let act = self.shared.behaviour.act(identity.n, copy, delivery.attempt());
+        let call = self
+            .shared
+            .ledger_now()
+            .start(self.member, message, identity, delivery.attempt());
+        let mut running = Running {
+            shared: self.shared.clone(),
+            call: Some(call),
+            outcome: "cancelled",
+        };
+        match act {
+            Act::Succeed => {}
+            Act::Transient => {
+                running.outcome = "transient";
+                return Err(HandlerError::transient("simulated transient failure"));
+            }
+            Act::Terminal => {
+                running.outcome = "terminal";
+                return Err(HandlerError::terminal("simulated poison message"));
+            }
+            Act::Panic => {
+                running.outcome = "panic";
+                std::panic::panic_any(PLANNED_PANIC);
+            }
+            Act::Hang => loop {
+                // Until the world heals (or the engine cancels the call).
+                let healed = self.shared.behaviour.heal.notified();
+                tokio::pin!(healed);
+                healed.as_mut().enable();
+                if self.shared.behaviour.healed() {
+                    break;
+                }
+                healed.await;
+            },
+        }
+        running.outcome = "ok";
+        if let Some(call) = running.call.as_ref() {
+            self.shared.ledger_now().succeeded(call);
+        }
+        Ok(())
+    }
+}
