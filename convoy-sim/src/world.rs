@@ -342,9 +342,17 @@ impl World {
             let pause = Duration::from_millis(self.rng.u64(1..=250));
             tokio::time::sleep(pause).await;
             self.check();
+            if self.failed() {
+                return; // the trace ends at the first violation
+            }
         }
         self.produce(self.plan.messages).await;
         self.settle().await;
+    }
+
+    /// True once an invariant was violated.
+    fn failed(&self) -> bool {
+        !self.shared.ledger().violations.is_empty()
     }
 
     /// Maybe injects one fault of each kind, as the plan's rates say.
@@ -489,6 +497,9 @@ impl World {
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             self.check();
+            if self.failed() {
+                return;
+            }
             let now = Instant::now();
             if now > give_up {
                 break;
