@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use convoy_core::partitioner::partition_for_key;
+use convoy_core::transform::{StagingOutbox, Transaction};
 use convoy_core::transport::{event_channel, EventReceiver, EventSender};
 use convoy_core::{
     Assignment, Commit, Headers, Message, Offset, OutgoingMessage, Receipt, RevokeAck, SourceEvent, SourceId,
@@ -207,6 +208,19 @@ struct Member {
     assigned: BTreeMap<TopicPartition, Cursor>,
     pending: VecDeque<SourceEvent>,
     wake: Arc<Notify>,
+    /// Its exactly-once outbox, if it commits in transactions: staged outputs go with the
+    /// partitions it gives back or loses.
+    outbox: Option<Arc<StagingOutbox>>,
+    /// Its assignments' offsets count deliveries, not log positions (as an AMQP channel's).
+    delivery_offsets: bool,
+}
+
+/// How a member joins.
+pub(crate) struct Joining {
+    /// What a batch weighs at most (beyond its first message).
+    pub batch_bytes: usize,
+    pub outbox: Option<Arc<StagingOutbox>>,
+    pub delivery_offsets: bool,
 }
 
 #[derive(Default)]
@@ -255,6 +269,7 @@ struct PendingRevoke {
     partitions: Vec<TopicPartition>,
     deadline: Instant,
     ack: tokio::sync::oneshot::Receiver<()>,
+    outbox: Option<Arc<StagingOutbox>>,
 }
 
 impl MemoryBroker {
@@ -320,36 +335,7 @@ impl MemoryBroker {
     /// those with the empty key) round robin.
     pub fn publish(&self, topic: &str, message: OutgoingMessage) -> Result<Receipt, TransportError> {
         let gap_every = self.faults().offset_gap_every;
-        let receipt = {
-            let mut state = self.state();
-            let t = state.topics.get_mut(topic).ok_or_else(|| {
-                TransportError::broker(
-                    format!("publish to `{topic}`"),
-                    "unknown topic; create it first with MemoryBroker::create_topic",
-                )
-            })?;
-            let n = t.partitions.len() as u32;
-            // The empty key is no key (as convoy's NATS and RabbitMQ publishers take it).
-            let partition = match message.key.as_ref().filter(|k| !k.is_empty()) {
-                Some(key) => partition_for_key(key, n),
-                None => {
-                    t.round_robin = t.round_robin.wrapping_add(1);
-                    t.round_robin % n
-                }
-            };
-            let p = &mut t.partitions[partition as usize];
-            p.published += 1;
-            if gap_every.is_some_and(|every| every > 0 && p.published % every == 0) {
-                p.next_offset += 1; // a hole, like a Kafka transaction marker
-            }
-            let offset = p.next_offset;
-            p.next_offset += 1;
-            p.log.push(Record::new(offset, message));
-            Receipt {
-                source: source_id(topic, partition),
-                offset,
-            }
-        };
+        let receipt = append(&mut self.state(), topic, message, gap_every)?;
         self.inner.data.notify_waiters();
         Ok(receipt)
     }
@@ -463,8 +449,13 @@ impl MemoryBroker {
         &self,
         group: &str,
         topics: &[String],
-        batch_bytes: usize,
+        joining: Joining,
     ) -> Result<(u64, EventReceiver), TransportError> {
+        let Joining {
+            batch_bytes,
+            outbox,
+            delivery_offsets,
+        } = joining;
         let (tx, rx) = event_channel(EVENT_CAPACITY);
         let wake = Arc::new(Notify::new());
         let (id, revokes) = {
@@ -486,6 +477,8 @@ impl MemoryBroker {
                     assigned: BTreeMap::new(),
                     pending: VecDeque::new(),
                     wake: wake.clone(),
+                    outbox,
+                    delivery_offsets,
                 },
             );
             let g = state.groups.entry(group.to_owned()).or_default();
@@ -579,6 +572,11 @@ impl MemoryBroker {
             tokio::spawn(async move {
                 let answer = tokio::time::timeout_at(revoke.deadline, revoke.ack).await;
                 let acked = matches!(answer, Ok(Ok(())));
+                if let Some(outbox) = &revoke.outbox {
+                    let sources: Vec<SourceId> =
+                        revoke.partitions.iter().map(|(t, p)| source_id(t, *p)).collect();
+                    outbox.released(&sources);
+                }
                 if answer.is_err() && broker.state().members.contains_key(&revoke.member) {
                     broker.inner.missed_revokes.fetch_add(1, Relaxed);
                 }
@@ -641,6 +639,66 @@ impl MemoryBroker {
         self.commit(member, commits)
     }
 
+    /// Commits `transaction`'s positions and publishes its outputs, both or neither (a memory
+    /// broker's transaction): what exactly-once transforms on `memory://` commit through.
+    pub(crate) async fn commit_transaction(
+        &self,
+        member: u64,
+        transaction: &Transaction,
+    ) -> Result<(), TransportError> {
+        while let Some(until) = self.faults().hang_commits_until.filter(|&u| Instant::now() < u) {
+            tokio::time::sleep_until(until).await;
+        }
+        {
+            let mut faults = self.inner.faults.lock().unwrap_or_else(|p| p.into_inner());
+            if faults.fail_commits > 0 {
+                faults.fail_commits -= 1;
+                return Err(TransportError::Unavailable(
+                    "injected transaction abort: its outputs and offsets go again with the next commit"
+                        .into(),
+                ));
+            }
+        }
+        let gap_every = self.faults().offset_gap_every;
+        {
+            let mut state = self.state();
+            self.check_owner(&state, member, &transaction.commits)?;
+            for output in transaction.outputs.iter().flat_map(|o| o.iter()) {
+                append(&mut state, &output.topic, output.message.clone(), gap_every)?;
+            }
+            self.record_commits(&mut state, member, &transaction.commits);
+        }
+        self.inner.data.notify_waiters();
+        Ok(())
+    }
+
+    /// Refuses commits of partitions `member` does not own (or is not giving back).
+    fn check_owner(&self, state: &State, member: u64, commits: &[Commit]) -> Result<(), TransportError> {
+        let group = &state.members.get(&member).ok_or(TransportError::Closed)?.group;
+        let g = state.groups.get(group).ok_or(TransportError::Closed)?;
+        for c in commits {
+            let tp = parse_source(&c.source).ok_or_else(|| TransportError::NotOwner(c.source.clone()))?;
+            match g.owners.get(&tp) {
+                Some(Ownership::Owned(m) | Ownership::Revoking(m)) if *m == member => {}
+                _ => return Err(TransportError::NotOwner(c.source.clone())),
+            }
+        }
+        Ok(())
+    }
+
+    fn record_commits(&self, state: &mut State, member: u64, commits: &[Commit]) {
+        let Some(group) = state.members.get(&member).map(|m| m.group.clone()) else {
+            return;
+        };
+        if let Some(g) = state.groups.get_mut(&group) {
+            for c in commits {
+                if let Some(tp) = parse_source(&c.source) {
+                    g.committed.insert(tp, (c.next, c.finished_above.clone()));
+                }
+            }
+        }
+    }
+
     pub(crate) fn commit(&self, member: u64, commits: &[Commit]) -> Result<(), TransportError> {
         {
             let mut faults = self.inner.faults.lock().unwrap_or_else(|p| p.into_inner());
@@ -650,25 +708,8 @@ impl MemoryBroker {
             }
         }
         let mut state = self.state();
-        let group = state
-            .members
-            .get(&member)
-            .ok_or(TransportError::Closed)?
-            .group
-            .clone();
-        let g = state.groups.get_mut(&group).ok_or(TransportError::Closed)?;
-        for c in commits {
-            let tp = parse_source(&c.source).ok_or_else(|| TransportError::NotOwner(c.source.clone()))?;
-            match g.owners.get(&tp) {
-                Some(Ownership::Owned(m) | Ownership::Revoking(m)) if *m == member => {}
-                _ => return Err(TransportError::NotOwner(c.source.clone())),
-            }
-        }
-        for c in commits {
-            if let Some(tp) = parse_source(&c.source) {
-                g.committed.insert(tp, (c.next, c.finished_above.clone()));
-            }
-        }
+        self.check_owner(&state, member, commits)?;
+        self.record_commits(&mut state, member, commits);
         Ok(())
     }
 
@@ -707,6 +748,19 @@ impl MemoryBroker {
                     return; // left or expelled
                 };
                 let mut out: Vec<SourceEvent> = member.pending.drain(..).collect();
+                if let Some(outbox) = &member.outbox {
+                    for event in &out {
+                        match event {
+                            SourceEvent::Assigned(list) => {
+                                for a in list {
+                                    outbox.assigned(&a.source, a.committed.map(|c| c + 1));
+                                }
+                            }
+                            SourceEvent::Lost(sources) => outbox.released(sources),
+                            _ => {}
+                        }
+                    }
+                }
                 let count = member.assigned.len();
                 let now = Instant::now();
                 for i in 0..count {
@@ -779,6 +833,43 @@ impl MemoryBroker {
     }
 }
 
+/// Appends `message` to `topic` (keyed: `murmur2(key) % partitions`; keyless or the empty key:
+/// round robin), skipping an offset every `gap_every` messages.
+fn append(
+    state: &mut State,
+    topic: &str,
+    message: OutgoingMessage,
+    gap_every: Option<u64>,
+) -> Result<Receipt, TransportError> {
+    let t = state.topics.get_mut(topic).ok_or_else(|| {
+        TransportError::broker(
+            format!("publish to `{topic}`"),
+            "unknown topic; create it first with MemoryBroker::create_topic",
+        )
+    })?;
+    let n = t.partitions.len() as u32;
+    // The empty key is no key (as convoy's NATS and RabbitMQ publishers take it).
+    let partition = match message.key.as_ref().filter(|k| !k.is_empty()) {
+        Some(key) => partition_for_key(key, n),
+        None => {
+            t.round_robin = t.round_robin.wrapping_add(1);
+            t.round_robin % n
+        }
+    };
+    let p = &mut t.partitions[partition as usize];
+    p.published += 1;
+    if gap_every.is_some_and(|every| every > 0 && p.published % every == 0) {
+        p.next_offset += 1; // a hole, like a Kafka transaction marker
+    }
+    let offset = p.next_offset;
+    p.next_offset += 1;
+    p.log.push(Record::new(offset, message));
+    Ok(Receipt {
+        source: source_id(topic, partition),
+        offset,
+    })
+}
+
 /// Moves the group toward a round-robin assignment of its partitions over its members.
 /// Unowned partitions are assigned at once; owned ones that must move are revoked first.
 fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec<PendingRevoke> {
@@ -816,10 +907,14 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
                 if let Some(m) = members.get_mut(&target) {
                     m.assigned.insert(tp.clone(), Cursor { next, paused: false });
                     g.owners.insert(tp.clone(), Ownership::Owned(target));
-                    assigned.entry(target).or_default().push(Assignment {
+                    let mut assignment = Assignment {
                         finished_above,
                         ..Assignment::new(source_id(&tp.0, tp.1), next.checked_sub(1))
-                    });
+                    };
+                    if m.delivery_offsets {
+                        assignment = assignment.with_delivery_offsets();
+                    }
+                    assigned.entry(target).or_default().push(assignment);
                 }
             }
             Some(Ownership::Owned(owner)) if owner != target => {
@@ -836,6 +931,7 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
     let deadline = Instant::now() + rebalance_timeout;
     for (member, partitions) in revoked {
         let (ack, rx) = RevokeAck::new();
+        let outbox = members.get(&member).and_then(|m| m.outbox.clone());
         if let Some(m) = members.get_mut(&member) {
             m.pending.push_back(SourceEvent::Revoked {
                 sources: partitions.iter().map(|(t, p)| source_id(t, *p)).collect(),
@@ -850,6 +946,7 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
             partitions,
             deadline,
             ack: rx,
+            outbox,
         });
     }
     for (member, list) in assigned {

@@ -2,13 +2,16 @@
 //! with no broker process. It prefetches a few batches per member by design; the prefetch limit
 //! bounds what each batch weighs.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use convoy_core::transform::{Outbox, StagingOutbox, DEFAULT_MAX_TRANSACTION_BYTES};
 use convoy_core::{
     Commit, DeadLetter, DeadLetterSink, Message, Offset, OutgoingMessage, PrefetchLimit, Publisher, Receipt,
     SourceControl, SourceId, Subscription, Transport, TransportError,
 };
 
-use crate::broker::MemoryBroker;
+use crate::broker::{Joining, MemoryBroker};
 
 /// Subscribes group members to topics of a [`MemoryBroker`].
 #[derive(Clone)]
@@ -16,6 +19,11 @@ pub struct MemoryTransport {
     broker: MemoryBroker,
     group: String,
     topics: Vec<String>,
+    /// Commit in transactions, with an exactly-once outbox for transforms whose transactions
+    /// carry at most this many bytes of outputs each.
+    transactions: Option<usize>,
+    /// Assignments say their offsets count deliveries, not positions (as RabbitMQ's do).
+    delivery_offsets: bool,
 }
 
 impl MemoryTransport {
@@ -25,7 +33,31 @@ impl MemoryTransport {
             broker: broker.clone(),
             group: group.into(),
             topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+            transactions: None,
+            delivery_offsets: false,
         }
+    }
+
+    /// Assignments say their offsets count deliveries and name no position (as an AMQP
+    /// channel's delivery tags): no event id is derived from them. Tests and simulations of
+    /// such brokers.
+    pub fn delivery_offsets(mut self) -> Self {
+        self.delivery_offsets = true;
+        self
+    }
+
+    /// Members commit in transactions: a transform's outputs are staged until the commit that
+    /// covers their input and published with it, both or neither (exactly once, as on Kafka
+    /// with a transactional id).
+    pub fn transactional(self) -> Self {
+        self.max_transaction_bytes(DEFAULT_MAX_TRANSACTION_BYTES)
+    }
+
+    /// As [`transactional`](Self::transactional), each transaction carrying at most
+    /// `max_bytes` of outputs (a backlog goes in several).
+    pub fn max_transaction_bytes(mut self, max_bytes: usize) -> Self {
+        self.transactions = Some(max_bytes);
+        self
     }
 }
 
@@ -43,14 +75,25 @@ impl Transport for MemoryTransport {
     /// the engine: their weight is what this bounds).
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
         let batch_bytes = (limit.bytes / 64).max(64 << 10);
-        let (member, events) = self.broker.join(&self.group, &self.topics, batch_bytes)?;
-        Ok(Subscription::new(
+        let outbox = self
+            .transactions
+            .map(|max_bytes| Arc::new(StagingOutbox::new(max_bytes)));
+        let joining = Joining {
+            batch_bytes,
+            outbox: outbox.clone(),
+            delivery_offsets: self.delivery_offsets,
+        };
+        let (member, events) = self.broker.join(&self.group, &self.topics, joining)?;
+        let mut subscription = Subscription::new(
             events,
             Box::new(MemoryControl {
                 broker: self.broker.clone(),
                 member,
+                outbox: outbox.clone(),
             }),
-        ))
+        );
+        subscription.outbox = outbox.map(|o| o as Arc<dyn Outbox>);
+        Ok(subscription)
     }
 }
 
@@ -59,6 +102,7 @@ impl Transport for MemoryTransport {
 struct MemoryControl {
     broker: MemoryBroker,
     member: u64,
+    outbox: Option<Arc<StagingOutbox>>,
 }
 
 #[async_trait]
@@ -72,15 +116,24 @@ impl SourceControl for MemoryControl {
     }
 
     async fn commit(&self, commits: &[Commit]) -> Result<(), TransportError> {
-        self.broker.commit_when_answered(self.member, commits).await
+        let Some(outbox) = &self.outbox else {
+            return self.broker.commit_when_answered(self.member, commits).await;
+        };
+        for transaction in outbox.transactions(commits) {
+            self.broker.commit_transaction(self.member, &transaction).await?;
+            outbox.committed(&transaction);
+        }
+        Ok(())
     }
 
     async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
         self.broker.last_offsets(sources)
     }
 
+    /// An offset map, except for a member committing in transactions: an input finished above
+    /// the watermark has outputs that go only with a commit covering it.
     fn wants_finished_above(&self) -> bool {
-        true
+        self.outbox.is_none()
     }
 
     fn revoke_timeout(&self) -> Option<std::time::Duration> {

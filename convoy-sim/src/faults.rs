@@ -46,6 +46,9 @@ pub struct SinkFaults {
 pub struct FaultySink {
     pub inner: MemoryDeadLetterSink,
     pub faults: Arc<Mutex<SinkFaults>>,
+    /// The member, and the trace its publishes go to.
+    pub member: usize,
+    pub shared: Arc<crate::handler::Shared>,
 }
 
 impl FaultySink {
@@ -81,7 +84,17 @@ impl DeadLetterSink for FaultySink {
     async fn publish(&self, dead_letter: &DeadLetter) -> Result<(), TransportError> {
         self.pass(|f| f.publish_hangs, |f| f.publish_fails, "publishes")
             .await?;
-        self.inner.publish(dead_letter).await
+        self.inner.publish(dead_letter).await?;
+        let m = &dead_letter.message;
+        let what = crate::ledger::Identity::of(m).map_or_else(|| "a marker".to_owned(), |i| i.to_string());
+        self.shared.ledger().trace.event(format_args!(
+            "m{} dead-letters {what} from {}@{} ({})",
+            self.member,
+            m.source,
+            m.offset,
+            dead_letter.reason.cause.as_str()
+        ));
+        Ok(())
     }
 
     fn can_read_back(&self) -> bool {

@@ -5,7 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use convoy_core::{Delivery, Handler, HandlerError};
+use convoy_core::transform::{Output, Transform};
+use convoy_core::{Delivery, Handler, HandlerError, OutgoingMessage};
 
 use crate::faults::{Act, Behaviour};
 use crate::ledger::{Call, Identity, Ledger};
@@ -58,9 +59,40 @@ impl Drop for Running {
     }
 }
 
+/// The topic a transforming world's outputs go to.
+pub const OUT: &str = "sim.out";
+
 #[async_trait]
 impl Handler for SimHandler {
     async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
+        self.call(&delivery).await
+    }
+}
+
+/// In a transforming world the same handler is a transform: each input it handles has one
+/// output, which names the input record (`n|source@offset`), so the oracle can tell which
+/// handling it came from.
+#[async_trait]
+impl Transform for SimHandler {
+    async fn transform(&self, delivery: Delivery) -> Result<Vec<Output>, HandlerError> {
+        self.call(&delivery).await?;
+        let message = delivery.message();
+        let payload = format!(
+            "{}|{}@{}",
+            String::from_utf8_lossy(&message.payload),
+            message.source,
+            message.offset
+        );
+        let out = match message.key.clone() {
+            Some(key) => OutgoingMessage::new(key, payload),
+            None => OutgoingMessage::keyless(payload),
+        };
+        Ok(vec![Output::new(OUT, out)])
+    }
+}
+
+impl SimHandler {
+    async fn call(&self, delivery: &Delivery) -> Result<(), HandlerError> {
         let message = delivery.message();
         let Some(identity) = Identity::of(message) else {
             self.shared.ledger().violation(format!(

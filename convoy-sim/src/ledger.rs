@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use convoy_core::dead_letter::DL_CAUSE;
+use convoy_core::dead_letter::{DL_CAUSE, DL_OFFSET, DL_SOURCE};
 use convoy_core::parking::{ReplayTag, DL_PARKS, REPLAY_OF};
 use convoy_core::{KeylessPolicy, Message, Offset, SourceId};
 
@@ -97,11 +97,15 @@ pub struct Call {
     lane: Lane,
     key: Option<Bytes>,
     pub identity: Identity,
+    /// The record delivered (`source@offset`).
+    record: String,
 }
 
 /// Everything the invariants need, and what they found.
 pub struct Ledger {
     keyless: KeylessPolicy,
+    /// Offsets name no position: a message without an event id has no identity at all.
+    delivery_offsets: bool,
     produced: BTreeMap<u64, Produced>,
     /// Each lane's messages, in the order they were stored.
     chains: BTreeMap<Lane, Vec<u64>>,
@@ -125,15 +129,20 @@ pub struct Ledger {
     /// Calls under way per lane, and per member and key.
     lanes: BTreeMap<Lane, (usize, Identity)>,
     member_keys: BTreeMap<(usize, Bytes), Identity>,
+    /// Per input record (`source@offset`), how its latest handling ended: handled (true) or
+    /// dead-lettered (false), numbered in the order they were seen.
+    fates: BTreeMap<String, (u64, bool)>,
+    fate_seq: u64,
     pub violations: Vec<String>,
     pub trace: Trace,
     pub calls: u64,
 }
 
 impl Ledger {
-    pub fn new(keyless: KeylessPolicy, trace: Trace) -> Ledger {
+    pub fn new(keyless: KeylessPolicy, delivery_offsets: bool, trace: Trace) -> Ledger {
         Ledger {
             keyless,
+            delivery_offsets,
             produced: BTreeMap::new(),
             chains: BTreeMap::new(),
             place: BTreeMap::new(),
@@ -145,6 +154,8 @@ impl Ledger {
             replays: BTreeMap::new(),
             lanes: BTreeMap::new(),
             member_keys: BTreeMap::new(),
+            fates: BTreeMap::new(),
+            fate_seq: 0,
             violations: Vec::new(),
             trace,
             calls: 0,
@@ -191,6 +202,14 @@ impl Ledger {
                 continue; // a marker (replay, replay-done): no message of the world
             };
             let parks = cause == "parked" || record.headers.get_str(DL_PARKS).is_some();
+            if let (Some(source), Some(offset)) = (
+                record.headers.get_str(DL_SOURCE),
+                record.headers.get_str(DL_OFFSET),
+            ) {
+                self.fate_seq += 1;
+                self.fates
+                    .insert(format!("{source}@{offset}"), (self.fate_seq, false));
+            }
             self.dead.entry(identity).or_default().push(DeadRecord {
                 cause: cause.to_owned(),
                 parks,
@@ -288,6 +307,7 @@ impl Ledger {
             lane,
             key,
             identity,
+            record: format!("{}@{}", message.source, message.offset),
         }
     }
 
@@ -366,6 +386,8 @@ impl Ledger {
 
     /// The call succeeded: the message's effect happened.
     pub fn succeeded(&mut self, call: &Call) {
+        self.fate_seq += 1;
+        self.fates.insert(call.record.clone(), (self.fate_seq, true));
         let identity = &call.identity;
         let first = !self.handled_any(identity.n);
         self.handled.insert(identity.clone());
@@ -379,7 +401,11 @@ impl Ledger {
             .any(|(_, members)| members.iter().any(|m| !self.departed.contains(m)));
         by.entry(replay.clone()).or_default().insert(call.member);
         let replays: Vec<String> = by.keys().flatten().map(|id| short(id).to_owned()).collect();
-        if replay.is_some() && earlier_live {
+        // A message nothing identifies (no event id, offsets that name no position) set aside
+        // again after a crash is a new record to the destination: at least once, and nothing
+        // can tell.
+        let anonymous = self.delivery_offsets && self.produced.get(&identity.n).is_some_and(|p| !p.has_id);
+        if replay.is_some() && earlier_live && !anonymous {
             self.violation(format!(
                 "replay: #{} was handled by {} replays ({}): a parked message is handled once by its replay",
                 identity.n,
@@ -404,6 +430,12 @@ impl Ledger {
     /// Member `member` crashed, lost its connection or stopped.
     pub fn departed(&mut self, member: usize) {
         self.departed.insert(member);
+    }
+
+    /// True if the latest handling of input record `record` (`source@offset`) seen ended in a
+    /// dead letter.
+    pub fn last_dead_lettered(&self, record: &str) -> bool {
+        self.fates.get(record).is_some_and(|(_, ok)| !ok)
     }
 
     /// Calls under way now.
@@ -441,7 +473,7 @@ mod tests {
     }
 
     fn ledger() -> Ledger {
-        let mut ledger = Ledger::new(KeylessPolicy::PerSource, Trace::new(false));
+        let mut ledger = Ledger::new(KeylessPolicy::PerSource, false, Trace::new(false));
         for n in 0..3 {
             ledger.produced(Produced {
                 n,

@@ -67,6 +67,15 @@ pub struct Plan {
     /// Steps of the faulty phase (each advances the clock a little and may inject a fault).
     pub steps: usize,
     pub park_keys: bool,
+    /// The members run a transform whose outputs commit in transactions (exactly once); its
+    /// transactions carry at most `transaction_bytes`, and what members hold (staged outputs
+    /// included) is bounded by `bytes_high`.
+    pub transform: bool,
+    /// Offsets count deliveries and name no position (an AMQP channel's): no event id derives
+    /// from them.
+    pub delivery_offsets: bool,
+    pub transaction_bytes: usize,
+    pub bytes_high: usize,
     pub stuck_timeout: Option<Duration>,
     pub keyless: KeylessPolicy,
     pub drain: Drain,
@@ -123,6 +132,7 @@ impl Plan {
             duplicate: on(0.02, 0.1),
         };
         let members = rng.usize(1..=3);
+        let transform = rng.f64() < 0.3;
         Plan {
             seed,
             members,
@@ -131,7 +141,12 @@ impl Plan {
             keys: rng.usize(1..=10),
             messages: rng.usize(20..=160),
             steps: rng.usize(40..=140),
-            park_keys: rng.f64() < 0.4,
+            // An exactly-once transform does not park keys (refused at start).
+            park_keys: rng.f64() < 0.4 && !transform,
+            transform,
+            delivery_offsets: rng.f64() < 0.2,
+            transaction_bytes: rng.usize(100..=2000),
+            bytes_high: rng.usize(2000..=20_000),
             stuck_timeout: rng.bool().then(|| Duration::from_millis(rng.u64(300..=3000))),
             keyless: match rng.u8(0..3) {
                 0 => KeylessPolicy::PerSource,
@@ -161,7 +176,7 @@ impl fmt::Display for Plan {
             .collect();
         write!(
             f,
-            "seed {}: {} members (≤ {}), topics {}, {} keys, {} messages, {} steps, park_keys {}, stuck {:?}, keyless {:?}, drain {:?}, rebalance {:?}, session {:?}, bounds {}/{}",
+            "seed {}: {} members (≤ {}), topics {}, {} keys, {} messages, {} steps, park_keys {}, transform {}, delivery offsets {}, stuck {:?}, keyless {:?}, drain {:?}, rebalance {:?}, session {:?}, bounds {}/{}",
             self.seed,
             self.members,
             self.max_members,
@@ -170,6 +185,8 @@ impl fmt::Display for Plan {
             self.messages,
             self.steps,
             self.park_keys,
+            self.transform,
+            self.delivery_offsets,
             self.stuck_timeout,
             self.keyless,
             self.drain,

@@ -59,7 +59,11 @@ pub fn run(seed: u64, keep_trace: bool) -> Outcome {
     let shared = runtime.block_on(async {
         let rates = &plan.rates;
         let shared = Arc::new(Shared {
-            ledger: Mutex::new(Ledger::new(plan.keyless, Trace::new(keep_trace))),
+            ledger: Mutex::new(Ledger::new(
+                plan.keyless,
+                plan.delivery_offsets,
+                Trace::new(keep_trace),
+            )),
             behaviour: Behaviour::new(seed, rates.transient, rates.terminal, rates.panic, rates.hang),
             broker: MemoryBroker::new(),
         });

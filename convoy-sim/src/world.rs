@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::faults::{FaultySink, SinkFaults};
-use crate::handler::{Shared, SimHandler};
+use crate::handler::{Shared, SimHandler, OUT};
 use crate::ledger::{show, Produced};
 use crate::oracle;
 use crate::plan::Plan;
@@ -63,6 +63,7 @@ impl World {
             broker.create_topic(&topic.name, topic.partitions);
         }
         broker.create_topic(DLQ, 1);
+        broker.create_topic(OUT, 1 + (plan.seed % 3) as u32);
         broker.set_faults(|f| {
             f.rebalance_timeout = plan.rebalance_timeout;
             f.session_timeout = plan.session_timeout;
@@ -121,6 +122,10 @@ impl World {
         bounds.total_low = total_high / 2;
         bounds.window_high = self.plan.source_high * 4;
         bounds.window_low = self.plan.source_high * 2;
+        if self.plan.transform {
+            bounds.total_bytes_high = self.plan.bytes_high;
+            bounds.total_bytes_low = self.plan.bytes_high / 2;
+        }
         config.back_pressure = bounds;
         config
     }
@@ -140,12 +145,14 @@ impl World {
         let sink = FaultySink {
             inner: MemoryDeadLetterSink::new(&self.broker, DLQ),
             faults: self.sink_faults.clone(),
+            member: index,
+            shared: self.shared.clone(),
         };
-        let engine = match Engine::builder(handler)
-            .config(self.config())
-            .dead_letter_sink(sink)
-            .build()
-        {
+        let builder = match self.plan.transform {
+            true => Engine::transform_builder(handler),
+            false => Engine::builder(handler),
+        };
+        let engine = match builder.config(self.config()).dead_letter_sink(sink).build() {
             Ok(engine) => engine,
             Err(e) => {
                 self.shared
@@ -155,7 +162,13 @@ impl World {
             }
         };
         let before = self.broker.members(GROUP);
-        let transport = MemoryTransport::new(&self.broker, GROUP, &self.topics());
+        let mut transport = MemoryTransport::new(&self.broker, GROUP, &self.topics());
+        if self.plan.transform {
+            transport = transport.max_transaction_bytes(self.plan.transaction_bytes);
+        }
+        if self.plan.delivery_offsets {
+            transport = transport.delivery_offsets();
+        }
         match engine.start(&transport).await {
             Ok(handle) => {
                 let broker_id = self
@@ -343,6 +356,7 @@ impl World {
             tokio::time::sleep(pause).await;
             self.check();
             if self.failed() {
+                oracle::dump_dead_letters(&self);
                 return; // the trace ends at the first violation
             }
         }
@@ -470,12 +484,30 @@ impl World {
             self.stopping.retain(|s| s.index != index);
         }
         self.stopping.retain(|s| !s.task.is_finished());
-        let held: Vec<(usize, usize)> = self
-            .members
-            .iter()
-            .map(|m| (m.index, m.handle.stats().held))
-            .collect();
+        let held: Vec<(usize, convoy_core::StatsSnapshot)> =
+            self.members.iter().map(|m| (m.index, m.handle.stats())).collect();
         oracle::check_step(self, &held);
+    }
+
+    /// Traces what each member holds (its longest-running and most-queued lanes, its sources):
+    /// what a reader of a seed that did not settle needs first.
+    async fn dump_lanes(&self) {
+        for member in &self.members {
+            self.event(format_args!(
+                "m{} stats {:?}",
+                member.index,
+                member.handle.stats()
+            ));
+            let Some(view) = member.handle.inspector().inspect(8).await else {
+                continue;
+            };
+            for source in &view.sources {
+                self.event(format_args!("m{} holds {source:?}", member.index));
+            }
+            for lane in view.oldest.iter().chain(&view.backlog) {
+                self.event(format_args!("m{} lane {lane:?}", member.index));
+            }
+        }
     }
 
     /// Heals every fault, keeps members running, replays parked keys until none is left, and
@@ -494,6 +526,7 @@ impl World {
         }
         let give_up = Instant::now() + Duration::from_secs(300);
         let mut quiet_since: Option<Instant> = None;
+        let mut replays = 0;
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             self.check();
@@ -513,12 +546,20 @@ impl World {
                 break;
             }
             // Replay what is parked, once things are quiet (a replay under way is resumed if it
-            // has not ended a while after).
+            // has not ended a while after). The world healed: a key that stays parked through
+            // this many replays never comes back.
             let since = *quiet_since.get_or_insert(now);
             if now - since >= Duration::from_secs(2) {
                 quiet_since = None;
+                replays += 1;
+                if replays > 12 {
+                    break;
+                }
                 self.replay(None).await;
             }
+        }
+        if !oracle::committed_everything(self) {
+            self.dump_lanes().await;
         }
         oracle::check_end(self);
         for member in std::mem::take(&mut self.members) {

@@ -26,6 +26,7 @@ use crate::metrics::LaneMetrics;
 use crate::parking::{ParkingChange, ReplayTag, DL_PARK_ID, REPLAY, REPLAY_PART};
 use crate::retry::{Backoff, OnExhausted, RetryPolicy};
 use crate::trace_context::TraceContext;
+use crate::transform::Outbox;
 use crate::transport::{Lease, TransportError};
 
 /// Everything a lane needs, shared by all lanes of an engine. Its trait objects are called
@@ -45,15 +46,28 @@ pub(crate) struct LaneContext {
     pub runs: Option<Arc<crate::batch::Batched>>,
     /// The group's parked keys, when it parks them (one view per running engine).
     pub parking: Option<Arc<Parking>>,
+    /// A transform's outbox (bound to the subscription): told when an input ends without
+    /// outputs, and asked before a duplicate is skipped.
+    pub outbox: Option<Arc<dyn Outbox>>,
 }
 
 impl LaneContext {
     /// The same context for consumer group `group` (its dead-letter reasons and metrics, a
     /// view of its parked keys of its own).
-    /// `handler`, if given, replaces the engine's (a transform bound to a subscription's outbox).
-    pub fn in_group(&self, group: &str, handler: Option<Arc<dyn Handler>>) -> LaneContext {
+    /// `transform`, if given, replaces the engine's handler (a transform bound to a
+    /// subscription's outbox, which the lanes tell how inputs ended).
+    pub fn in_group(
+        &self,
+        group: &str,
+        transform: Option<(Arc<dyn Handler>, Arc<dyn Outbox>)>,
+    ) -> LaneContext {
+        let (handler, outbox) = match transform {
+            Some((handler, outbox)) => (handler, Some(outbox)),
+            None => (self.handler.clone(), self.outbox.clone()),
+        };
         LaneContext {
-            handler: handler.unwrap_or_else(|| self.handler.clone()),
+            handler,
+            outbox,
             retry: self.retry,
             dead_letter_backoff: self.dead_letter_backoff,
             sink: self.sink.clone(),
@@ -219,6 +233,20 @@ pub(crate) enum Task {
 /// takes one of the engine's call slots (`max_in_flight`).
 pub(crate) async fn run(job: Job) -> Outcome {
     let Job { shard, message, task } = job;
+    // A transform's input that ends without outputs has none staged: an earlier handling's go.
+    let Some(outbox) = shard.ctx.outbox.clone() else {
+        return run_task(&shard, message, task).await;
+    };
+    let input = message.clone();
+    let outcome = Box::pin(run_task(&shard, message, task)).await;
+    if matches!(outcome, Outcome::DeadLettered | Outcome::Parked) {
+        outbox.discard(&input);
+    }
+    outcome
+}
+
+async fn run_task(shard: &Arc<ShardContext>, message: Arc<Message>, task: Task) -> Outcome {
+    let shard = shard.clone();
     match task {
         Task::Handle {
             position_id,
@@ -254,6 +282,9 @@ async fn already_finished(shard: &ShardContext, message: &Message) -> bool {
     let id = Remembered::of(shard.ctx.idempotency.as_ref(), message);
     if !id.is_header_id() || !id.seen(PositionId::None).await {
         return false;
+    }
+    if shard.ctx.outbox.as_ref().is_some_and(|o| !o.covers(message)) {
+        return false; // a transform's outputs that were never committed: not finished
     }
     tracing::debug!(event_id = %id, "finished before: not set aside or dead-lettered again");
     shard.stats.duplicates.fetch_add(1, Relaxed);
@@ -542,7 +573,8 @@ impl Lane<'_> {
     async fn handle_free(&self, message: Arc<Message>, received: Instant, span: tracing::Span) -> Outcome {
         let (ctx, stats) = (self.ctx, &*self.shard.stats);
         let id = Remembered::of(ctx.idempotency.as_ref(), &message);
-        if id.seen(self.position_id).await {
+        // A transform's input whose outputs went with its ownership runs again.
+        if id.seen(self.position_id).await && ctx.outbox.as_ref().is_none_or(|o| o.covers(&message)) {
             tracing::debug!(event_id = %id, "skipping duplicate");
             stats.duplicates.fetch_add(1, Relaxed);
             ctx.metrics.duplicates.increment(1);
@@ -930,7 +962,10 @@ async fn publish_dead_letter(
         message: message.clone(),
         reason,
     };
-    let id = park_id(message, position_id).filter(|_| parks);
+    // A record is known by its message's identity; one whose message has none (no event id,
+    // and offsets that name no position) gets one of its own, so that the record is never
+    // counted twice (a read-back that saw it, and the change applied again after it).
+    let id = parks.then(|| park_id(message, position_id).unwrap_or_else(anonymous_park_id));
     if let Some(id) = &id {
         dead_letter.message.headers.insert(DL_PARK_ID, id.clone());
     }
@@ -965,6 +1000,13 @@ pub(super) fn park_id(message: &Message, position_id: PositionId) -> Option<Stri
             (position_id == PositionId::Checked).then(|| format!("{}@{}", message.source, message.offset))
         }
     }
+}
+
+/// A record's own identity, for a message nothing identifies: random, so a redelivery of the
+/// message is recorded again (nothing tells it apart from another message).
+fn anonymous_park_id() -> String {
+    let mut rng = fastrand::Rng::new();
+    format!("anonymous-{:016x}{:016x}", rng.u64(..), rng.u64(..))
 }
 
 /// Publishes `record` to the dead-letter sink, retrying with backoff until it confirms. `Err`

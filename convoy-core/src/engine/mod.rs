@@ -162,6 +162,7 @@ impl EngineBuilder {
                     .config
                     .park_keys
                     .then(|| Arc::new(Parking::new(self.config.group_or_default()))),
+                outbox: None,
             }),
             config: self.config,
             transform: self.transform,
@@ -256,12 +257,24 @@ impl Engine {
         config.group = group.unwrap_or_else(|| config.group_or_default().to_owned());
         let bound = match (&self.transform, &subscription.outbox) {
             (None, _) => None,
+            (Some(_), Some(outbox))
+                if config.park_keys && outbox.guarantee() == crate::transform::OutputGuarantee::ExactlyOnce =>
+            {
+                return EngineHandle::unfit(
+                    subscription,
+                    ConfigError::invalid(
+                        "park_keys",
+                        "is not supported with an exactly-once transform (a transactional outbox) yet: a replayed message's outputs are committed after its replay is marked ended, so a crash between them would lose them; park keys with a handler, or run the transform without park_keys",
+                    ),
+                )
+            }
             (Some(transform), Some(outbox)) => Some({
                 tracing::info!(guarantee = ?outbox.guarantee(), "a transform's outputs go through the subscription's outbox");
-                Arc::new(Transformer {
-                transform: transform.clone(),
+                let handler = Arc::new(Transformer {
+                    transform: transform.clone(),
                     outbox: outbox.clone(),
-                }) as Arc<dyn crate::handler::Handler>
+                }) as Arc<dyn crate::handler::Handler>;
+                (handler, outbox.clone())
             }),
             (Some(_), None) => return EngineHandle::unfit(
                 subscription,
@@ -316,6 +329,7 @@ impl Engine {
             spares,
             inspects,
             parking: context.parking.clone().map(|p| (p, context.sink.clone())),
+            outbox: context.outbox.clone(),
         });
         EngineHandle {
             stopper: Stopper(Arc::new(signals)),

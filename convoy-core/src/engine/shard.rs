@@ -310,13 +310,13 @@ struct Lane {
     hash: u64,
     queue: VecDeque<Work>,
     busy: Option<InFlight>,
-    /// A message of this assignment was taken out of the queue as stuck and is being
-    /// dead-lettered on a lane of its own: the assignment's next messages wait for it (they
-    /// must not overtake it), the other sources' messages of the key do not.
-    blocked: Option<u64>,
-    /// On a detached lane: the lane its message was taken from (key and hash), to unblock
-    /// once the dead letter is done (or cancelled).
-    unblocks: Option<(LaneKey, u64)>,
+    /// Assignments one of whose messages was taken out of the queue as stuck and is being
+    /// dead-lettered on a lane of its own (once per such message): their next messages wait
+    /// for it (they must not overtake it), the other sources' messages of the key do not.
+    blocked: Vec<u64>,
+    /// On a detached lane: the lane its message was taken from (key and hash) and the
+    /// assignment it blocks there, to unblock once the dead letter is done (or cancelled).
+    unblocks: Option<(LaneKey, u64, u64)>,
 }
 
 impl Lane {
@@ -326,20 +326,24 @@ impl Lane {
             hash,
             queue: VecDeque::new(),
             busy: None,
-            blocked: None,
+            blocked: Vec::new(),
             unblocks: None,
         }
     }
 
     /// True when the lane may start its next queued message now.
     fn may_start(&self) -> bool {
-        self.busy.is_none() && self.queue.front().is_some_and(|w| Some(w.epoch) != self.blocked)
+        self.busy.is_none()
+            && self
+                .queue
+                .front()
+                .is_some_and(|w| !self.blocked.contains(&w.epoch))
     }
 
     /// True when nothing runs, waits or depends on the lane any more (a blocked lane stays, so
     /// that its assignment's next message, arriving later, still waits).
     fn is_idle(&self) -> bool {
-        self.busy.is_none() && self.queue.is_empty() && self.blocked.is_none()
+        self.busy.is_none() && self.queue.is_empty() && self.blocked.is_empty()
     }
 }
 
@@ -733,7 +737,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
         {
             Entry::Occupied(mut entry) => {
                 let lane = entry.get_mut();
-                let blocked = lane.blocked == Some(work.epoch);
+                let blocked = lane.blocked.contains(&work.epoch);
                 if lane.busy.is_none() && lane.queue.is_empty() && !blocked {
                     lane.busy = Some(self.launcher.start(work));
                 } else {
@@ -796,12 +800,14 @@ impl<F: Future<Output = Outcome>> Shard<F> {
 
     /// A detached stuck message's lane is gone (its dead letter is done or cancelled): the lane
     /// it came from starts its next message again.
-    fn unblock(&mut self, from: Option<(LaneKey, u64)>) {
-        let Some((key, hash)) = from else {
+    fn unblock(&mut self, from: Option<(LaneKey, u64, u64)>) {
+        let Some((key, hash, epoch)) = from else {
             return;
         };
         if let Some(lane) = self.lanes.get_mut(&key, hash) {
-            lane.blocked = None;
+            if let Some(i) = lane.blocked.iter().position(|&e| e == epoch) {
+                lane.blocked.swap_remove(i);
+            }
         }
         self.advance(&key, hash);
     }
@@ -956,7 +962,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             for lane in self.lanes.0.iter_mut() {
                 if let Some(i) = lane.queue.iter().position(|w| w.epoch == epoch && w.seq == seq) {
                     found = lane.queue.remove(i).map(|w| (w, lane.key.clone(), lane.hash));
-                    lane.blocked = Some(epoch);
+                    lane.blocked.push(epoch);
                     break;
                 }
             }
@@ -966,7 +972,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             self.detached += 1;
             let key = LaneKey::Detached(self.detached);
             let hash = foldhash::fast::FixedState::default().hash_one(&key);
-            unblocks = Some((from, from_hash));
+            unblocks = Some((from, from_hash, epoch));
             (
                 key,
                 hash,

@@ -25,6 +25,7 @@ pub(crate) struct IntakeStats {
     pub held_bytes: AtomicUsize,
     pub peak_held_bytes: AtomicUsize,
     pub peak_window: AtomicUsize,
+    pub staged_bytes: AtomicUsize,
     pub resets: AtomicU64,
     pub pauses: AtomicU64,
     pub paused_sources: AtomicUsize,
@@ -119,6 +120,9 @@ pub struct StatsSnapshot {
     pub held_bytes: usize,
     /// The most bytes held at once.
     pub peak_held_bytes: usize,
+    /// Bytes of a transform's outputs staged until a commit covers their inputs (exactly once);
+    /// they count against the held-bytes bound.
+    pub staged_bytes: usize,
     /// The longest watermark window of any source so far (received offsets from the lowest
     /// unfinished one to the newest).
     pub peak_window: usize,
@@ -182,6 +186,7 @@ impl EngineStats {
             held_bytes: self.intake.held_bytes.load(Relaxed),
             peak_held_bytes: self.intake.peak_held_bytes.load(Relaxed),
             peak_window: self.intake.peak_window.load(Relaxed),
+            staged_bytes: self.intake.staged_bytes.load(Relaxed),
             resets: self.intake.resets.load(Relaxed),
             pauses: self.intake.pauses.load(Relaxed),
             paused_sources: self.intake.paused_sources.load(Relaxed),

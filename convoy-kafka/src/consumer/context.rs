@@ -58,8 +58,19 @@ impl ConvoyContext {
                 "could not split every assigned partition into its own queue"
             );
         }
-        let committed = match consumer.committed_offsets(tpl.clone(), BROKER_TIMEOUT) {
+        let committed = match committed_offsets(consumer, tpl, shared.transactions.is_some()) {
             Ok(c) => c,
+            Err(e) if shared.transactions.is_some() => {
+                // Staged outputs are pruned by the committed offsets: a transactional member never
+                // starts an assignment without them (it would commit outputs another member
+                // committed already, or of inputs it dead-letters).
+                let error = convoy_core::TransportError::broker(
+                    "reading the committed offsets of a transactional member's new assignment",
+                    e,
+                );
+                shared.control(SourceEvent::Failed(error));
+                return Vec::new();
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "reading committed offsets failed; starting the tracker without them");
                 tpl.clone()
@@ -72,16 +83,21 @@ impl ConvoyContext {
                 let source = source_id(e.topic(), e.partition());
                 match e.offset() {
                     KafkaOffset::Offset(next) if next >= 0 => {
-                        if let Some(transactions) = &shared.transactions {
-                            transactions.prune(&(e.topic().to_owned(), e.partition()), next);
-                        }
                         let next = next as Offset;
+                        if let Some(transactions) = &shared.transactions {
+                            transactions.outbox.assigned(&source, Some(next));
+                        }
                         Assignment {
                             finished_above: offset_map::decode(next, e.metadata()),
                             ..Assignment::new(source, next.checked_sub(1))
                         }
                     }
-                    _ => Assignment::new(source, None),
+                    _ => {
+                        if let Some(transactions) = &shared.transactions {
+                            transactions.outbox.assigned(&source, None);
+                        }
+                        Assignment::new(source, None)
+                    }
                 }
             })
             .collect();
@@ -106,11 +122,19 @@ impl ConvoyContext {
         let sources = sources_of(&parts);
         if consumer.assignment_lost() {
             tracing::warn!(?sources, "assignment lost (session expired); not committing");
+            if let Some(transactions) = &shared.transactions {
+                transactions.outbox.released(&sources);
+            }
             shared.control(SourceEvent::Lost(sources));
             return;
         }
         let deadline = Instant::now() + shared.revoke_timeout;
         let (ack, mut done) = RevokeAck::new();
+        // Whatever the engine's final commit did not take goes with the partitions.
+        let _release = shared
+            .transactions
+            .as_ref()
+            .map(|t| Release(&t.outbox, sources.clone()));
         let event = SourceEvent::Revoked {
             sources,
             deadline: tokio::time::Instant::from_std(deadline),
@@ -145,6 +169,39 @@ impl ConvoyContext {
             );
         }
     }
+}
+
+/// Releases a revoke's partitions from the transactional outbox once the revoke is over
+/// (acknowledged or not).
+struct Release<'a>(&'a convoy_core::transform::StagingOutbox, Vec<SourceId>);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.released(&self.1);
+    }
+}
+
+/// The committed offsets of `tpl`; a transactional member tries a few times before giving up.
+fn committed_offsets(
+    consumer: &KafkaConsumer,
+    tpl: &TopicPartitionList,
+    transactional: bool,
+) -> rdkafka::error::KafkaResult<TopicPartitionList> {
+    let tries = if transactional { 5 } else { 1 };
+    let mut last = None;
+    for attempt in 0..tries {
+        match consumer.committed_offsets(tpl.clone(), BROKER_TIMEOUT) {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                tracing::warn!(error = %e, attempt, "reading the committed offsets of a new assignment failed");
+                last = Some(e);
+                if attempt + 1 < tries {
+                    std::thread::sleep(Duration::from_millis(200 << attempt));
+                }
+            }
+        }
+    }
+    Err(last.unwrap_or(rdkafka::error::KafkaError::NoMessageReceived))
 }
 
 impl ConsumerContext for ConvoyContext {

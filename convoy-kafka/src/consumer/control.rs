@@ -145,7 +145,7 @@ impl SourceControl for KafkaControl {
             let commits = commits.to_vec();
             return tokio::task::spawn_blocking(move || {
                 let _committing = committing;
-                transactions.commit(&consumer, &plain, &commits)
+                transactions.commit(&consumer, &commits)
             })
             .await
             .map_err(|e| TransportError::broker("commit task", e))?;

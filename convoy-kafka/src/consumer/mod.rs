@@ -36,7 +36,7 @@ use rdkafka::Message as _;
 pub use self::context::ConvoyContext;
 use self::control::KafkaControl;
 use self::pollers::Pollers;
-use self::transaction::{KafkaOutbox, Transactions};
+use self::transaction::Transactions;
 use crate::config::{KafkaConfig, Prefetch};
 use crate::fatal;
 
@@ -260,7 +260,7 @@ impl Transport for KafkaTransport {
             .map_err(|e| TransportError::broker("starting the Kafka poll thread", e))?;
         let mut subscription = Subscription::new(rx, Box::new(KafkaControl::new(consumer, shared, main)));
         if let Some(transactions) = transactions {
-            subscription.outbox = Some(Arc::new(KafkaOutbox(transactions)));
+            subscription.outbox = Some(transactions.outbox.clone());
         }
         Ok(subscription)
     }

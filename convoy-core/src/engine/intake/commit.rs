@@ -225,6 +225,12 @@ impl Intake {
                     Purpose::Stop => self.final_commit_done(true),
                     Purpose::Periodic => {}
                 }
+                // A commit releases a transform's staged outputs: the bytes they held may let
+                // fetching resume.
+                if self.outbox.is_some() {
+                    self.publish_held();
+                    self.apply_flow();
+                }
             }
             Err(e) if e.is_fatal() => return Turn::Fail(EngineError::Transport(e)),
             Err(e) => {

@@ -11,8 +11,10 @@ impl Intake {
         let s = &self.stats.intake;
         s.held.store(self.held_total, Relaxed);
         s.peak_held.fetch_max(self.held_total, Relaxed);
+        let staged = self.outbox.as_ref().map_or(0, |o| o.held_bytes());
         s.held_bytes.store(self.held_bytes, Relaxed);
         s.peak_held_bytes.fetch_max(self.held_bytes, Relaxed);
+        s.staged_bytes.store(staged, Relaxed);
         self.metrics.in_flight.set(self.held_total as f64);
         self.metrics.held_bytes.set(self.held_bytes as f64);
     }
@@ -20,7 +22,9 @@ impl Intake {
     /// Re-evaluates every gate and pauses or resumes fetching where the wanted state flipped.
     pub(super) fn apply_flow(&mut self) {
         self.total_gate.update(self.held_total);
-        self.bytes_gate.update(self.held_bytes);
+        // Outputs staged until a commit are held too (a transform's exactly-once outbox).
+        let staged = self.outbox.as_ref().map_or(0, |o| o.held_bytes());
+        self.bytes_gate.update(self.held_bytes + staged);
         let all_paused =
             self.total_gate.is_paused() || self.bytes_gate.is_paused() || self.stopping.is_some();
         let mut pause = Vec::new();

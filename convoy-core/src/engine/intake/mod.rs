@@ -55,6 +55,7 @@ use crate::config::EngineConfig;
 use crate::dead_letter::DeadLetterSink;
 use crate::message::SourceId;
 use crate::metrics::IntakeMetrics;
+use crate::transform::Outbox;
 use crate::transport::{EventReceiver, SourceControl, SourceEvent, Subscription};
 
 /// Salt for key → shard hashing. Brokers partition by a hash of the key too (Kafka: murmur2);
@@ -129,6 +130,8 @@ pub(crate) struct Intake {
     cancels: Cancels,
     /// What the engine waits for past its deadline, as last reported.
     stalled: Option<StallOn>,
+    /// A transform's outbox, whose staged outputs count against the bytes bound.
+    outbox: Option<Arc<dyn Outbox>>,
 }
 
 pub(crate) struct IntakeParts {
@@ -143,6 +146,8 @@ pub(crate) struct IntakeParts {
     pub inspects: mpsc::Receiver<InspectRequest>,
     /// The group's parked keys and the sink they are read back from, when it parks keys.
     pub parking: Option<(Arc<Parking>, Arc<dyn DeadLetterSink>)>,
+    /// A transform's outbox: what it holds until a commit counts against the bytes bound.
+    pub outbox: Option<Arc<dyn Outbox>>,
 }
 
 /// What one turn of the loop saw.
@@ -201,6 +206,7 @@ impl Intake {
             read_backs: ReadBacks::default(),
             cancels: Cancels::default(),
             stalled: None,
+            outbox: parts.outbox,
         }
     }
 

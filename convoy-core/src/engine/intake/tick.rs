@@ -18,6 +18,12 @@ impl Intake {
         self.check_stuck();
         self.report_gauges();
         self.report_stall();
+        if self.outbox.is_some() {
+            // A transform's staged outputs also shrink outside the loop's events (the transport
+            // releases a source's outputs with its ownership): look at the bytes gate again.
+            self.publish_held();
+            self.apply_flow();
+        }
     }
 
     /// Publishes what the engine has waited for past its deadline (readiness reads it): a

@@ -5,10 +5,11 @@
 //! every retry, restart and redelivery) and hands them to the subscription's [`Outbox`] before
 //! the input counts as finished. What the outbox promises depends on the broker:
 //!
-//! - **Kafka with a transactional id** (`convoy_kafka`'s outbox): outputs are held until the
-//!   watermark covers their input, then published in one Kafka transaction with the commit of
-//!   that watermark. A `read_committed` reader sees every output exactly once; a commit that
-//!   fails aborts the transaction and sends the same outputs again with the next one.
+//! - **A transport with transactions** (Kafka with a transactional id; the memory broker when
+//!   asked): a [`StagingOutbox`] holds outputs until the watermark covers their input, then
+//!   they are published in one broker transaction with the commit of that watermark (see
+//!   [`staging`](StagingOutbox)). A `read_committed` reader sees every output exactly once; a
+//!   commit that fails aborts the transaction and sends the same outputs again with the next.
 //! - **Every other transport** ([`PublishingOutbox`]): outputs are published, confirmed, before
 //!   the input is finished — at least once. A redelivered input publishes outputs with the same
 //!   ids: NATS drops them within the stream's duplicate window (`Nats-Msg-Id`), and any convoy
@@ -20,6 +21,10 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+
+mod staging;
+
+pub use staging::{Staging, StagingOutbox, Transaction, DEFAULT_MAX_TRANSACTION_BYTES};
 
 use crate::handler::{Delivery, ErrorClass, Handler, HandlerError};
 use crate::message::{EventId, Message, OutgoingMessage, EVENT_ID_HEADER};
@@ -117,6 +122,22 @@ pub trait Outbox: Send + Sync + 'static {
 
     /// What this outbox promises.
     fn guarantee(&self) -> OutputGuarantee;
+
+    /// `input` ended without outputs (dead-lettered, set aside): an outbox that holds outputs
+    /// until a commit forgets any an earlier handling of it left.
+    fn discard(&self, _input: &Message) {}
+
+    /// True if what `input` outputs is already taken care of, so that a delivery of it found to
+    /// be a duplicate may be skipped. An outbox holding outputs until a commit says false when
+    /// it holds none for this very delivery (they went with its ownership): the input runs again.
+    fn covers(&self, _input: &Message) -> bool {
+        true
+    }
+
+    /// Bytes of outputs held until a commit: they count against the engine's held-bytes bound.
+    fn held_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// Makes the publisher for a topic (a connection's `publisher`).
