@@ -49,6 +49,9 @@ pub struct Faults {
     pub hang_commits_until: Option<Instant>,
     /// Sources not fetched before the instant given (a slow partition leader).
     pub delayed_sources: BTreeMap<SourceId, Instant>,
+    /// A transaction carrying more bytes of outputs than this is aborted, as Kafka aborts one
+    /// that outlives `transaction.timeout.ms`.
+    pub max_transaction_bytes: Option<usize>,
 }
 
 impl Default for Faults {
@@ -63,6 +66,7 @@ impl Default for Faults {
             session_timeout: Duration::ZERO,
             hang_commits_until: None,
             delayed_sources: BTreeMap::new(),
+            max_transaction_bytes: None,
         }
     }
 }
@@ -659,7 +663,14 @@ impl MemoryBroker {
                 ));
             }
         }
-        let gap_every = self.faults().offset_gap_every;
+        let faults = self.faults();
+        if faults.max_transaction_bytes.is_some_and(|max| transaction.bytes > max) {
+            return Err(TransportError::Unavailable(format!(
+                "a transaction of {} bytes outlived its timeout and was aborted",
+                transaction.bytes
+            )));
+        }
+        let gap_every = faults.offset_gap_every;
         {
             let mut state = self.state();
             self.check_owner(&state, member, &transaction.commits)?;
