@@ -664,7 +664,10 @@ impl MemoryBroker {
             }
         }
         let faults = self.faults();
-        if faults.max_transaction_bytes.is_some_and(|max| transaction.bytes > max) {
+        if faults
+            .max_transaction_bytes
+            .is_some_and(|max| transaction.bytes > max)
+        {
             return Err(TransportError::Unavailable(format!(
                 "a transaction of {} bytes outlived its timeout and was aborted",
                 transaction.bytes

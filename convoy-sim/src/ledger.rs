@@ -230,7 +230,20 @@ impl Ledger {
             .filter_map(|p| p.trim().rsplit_once('@')?.1.parse::<u64>().ok())
             .filter_map(|offset| records.iter().find(|r| r.offset == offset))
             .filter_map(|r| Identity::of(r).map(|i| i.n))
-            .collect();
+            .collect::<Vec<u64>>();
+        // A replay re-publishes each parked message once: twice means the destination's fold
+        // counted one record twice (or the message was set aside twice, which at least once
+        // allows only for a message nothing identifies, after a member departed).
+        let mut seen = BTreeSet::new();
+        for &n in &messages {
+            let anonymous = self.delivery_offsets && self.produced.get(&n).is_some_and(|p| !p.has_id);
+            if !seen.insert(n) && !(anonymous && !self.departed.is_empty()) {
+                self.violation(format!(
+                    "replay: replay {} re-publishes #{n} twice",
+                    short(&tag.id)
+                ));
+            }
+        }
         self.replays.insert(tag.id, messages);
     }
 

@@ -70,31 +70,60 @@ pub async fn run_until_signalled(engine: EngineHandle) -> Result<EngineReport, E
 }
 
 /// As [`run_until_signalled`], also stopping when `done` completes (the application's own
-/// reason to stop: a `CancellationToken`, the work being done).
+/// reason to stop: a `CancellationToken`, the work being done). The first *signal* asks for a
+/// graceful stop (nothing more if `done` asked already); only a second signal aborts the drain.
 pub async fn run_until_signalled_or(
     engine: EngineHandle,
     done: impl Future<Output = ()>,
 ) -> Result<EngineReport, EngineError> {
-    let mut signals = match StopSignals::listen() {
-        Ok(signals) => signals,
+    match StopSignals::listen() {
+        Ok(signals) => drive(engine, signals, done).await,
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for SIGINT/SIGTERM; stopping only when done");
-            return engine.run_until(done).await;
+            engine.run_until(done).await
         }
-    };
+    }
+}
+
+/// Where stop requests come from (the process's signals; a test's channel).
+trait StopRequests {
+    /// The next request's name.
+    async fn next(&mut self) -> &'static str;
+}
+
+impl StopRequests for StopSignals {
+    async fn next(&mut self) -> &'static str {
+        StopSignals::next(self).await
+    }
+}
+
+async fn drive(
+    engine: EngineHandle,
+    mut signals: impl StopRequests,
+    done: impl Future<Output = ()>,
+) -> Result<EngineReport, EngineError> {
     let stopper = engine.stopper();
     let join = engine.join();
     tokio::pin!(join, done);
     let mut done_fired = false;
+    let mut signalled = 0u32;
     loop {
         tokio::select! {
             report = &mut join => return report,
             name = signals.next() => {
-                match stopper.requests() {
-                    0 => tracing::info!(signal = name, "stop requested: finishing what is in flight (again to abort)"),
-                    _ => tracing::warn!(signal = name, "second stop request: aborting the drain"),
+                signalled += 1;
+                if signalled == 1 {
+                    tracing::info!(signal = name, "stop requested: finishing what is in flight (again to abort)");
+                    if stopper.requests() == 0 {
+                        stopper.shutdown();
+                    }
+                } else {
+                    tracing::warn!(signal = name, "second stop signal: aborting the drain");
+                    // The application's own stop counts as the first request, never as the second.
+                    while stopper.requests() < 2 {
+                        stopper.shutdown();
+                    }
                 }
-                stopper.shutdown();
             }
             () = &mut done, if !done_fired => {
                 done_fired = true;
@@ -103,5 +132,86 @@ pub async fn run_until_signalled_or(
                 }
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "memory"))]
+mod tests {
+    use std::time::Duration;
+
+    use convoy_core::{handler_fn, Delivery, Engine, EngineConfig, HandlerError, OutgoingMessage};
+    use convoy_memory::{MemoryBroker, MemoryDeadLetterSink, MemoryTransport};
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    /// Stop requests a test sends.
+    struct Requests(mpsc::UnboundedReceiver<&'static str>);
+
+    impl StopRequests for Requests {
+        async fn next(&mut self) -> &'static str {
+            match self.0.recv().await {
+                Some(name) => name,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// An engine whose one message takes `work` to handle, already handling it.
+    async fn busy_engine(work: Duration) -> EngineHandle {
+        let broker = MemoryBroker::new();
+        broker.create_topic("t", 1);
+        let handler = handler_fn(move |_: Delivery| async move {
+            tokio::time::sleep(work).await;
+            Ok::<(), HandlerError>(())
+        });
+        let mut config = EngineConfig::for_group("g");
+        config.drain_timeout = Duration::from_secs(30);
+        config.shutdown_timeout = Duration::from_secs(50);
+        let engine = Engine::builder(handler)
+            .config(config)
+            .dead_letter_sink(MemoryDeadLetterSink::new(&broker, "t.dlq"))
+            .build()
+            .expect("a valid configuration");
+        broker.set_faults(|f| f.rebalance_timeout = Duration::from_secs(60));
+        let running = engine
+            .start(&MemoryTransport::new(&broker, "g", &["t"]))
+            .await
+            .expect("started");
+        broker
+            .publish("t", OutgoingMessage::new("k", "v"))
+            .expect("published");
+        while running.stats().held == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        running
+    }
+
+    /// Fails before the fix: the application's stop and then the first SIGTERM (a pod being
+    /// stopped) counted as two requests, and the drain was aborted: the message in flight was
+    /// cancelled instead of finishing.
+    #[tokio::test(start_paused = true)]
+    async fn the_first_signal_after_the_applications_stop_does_not_abort_the_drain() {
+        let running = busy_engine(Duration::from_secs(5)).await;
+        let (send, requests) = mpsc::unbounded_channel();
+        let report = tokio::spawn(drive(running, Requests(requests), async {}));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        send.send("SIGTERM").expect("the driver listens");
+        let report = report.await.expect("joined").expect("a clean stop");
+        assert_eq!(report.cancelled, 0, "the drain finished the message in flight");
+        assert_eq!(report.stats.handled, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_second_signal_aborts_the_drain() {
+        let running = busy_engine(Duration::from_secs(20)).await;
+        let (send, requests) = mpsc::unbounded_channel();
+        let report = tokio::spawn(drive(running, Requests(requests), std::future::pending()));
+        send.send("SIGTERM").expect("the driver listens");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        send.send("SIGINT").expect("the driver listens");
+        let report = report.await.expect("joined").expect("a clean stop");
+        assert_eq!(report.cancelled, 1, "the drain was aborted");
+        assert_eq!(report.stats.handled, 0);
     }
 }

@@ -51,7 +51,9 @@ impl MemberSources for Shared {
             };
             acks::send(&channel, &acks, c.source.as_str()).await?;
             if let Some(o) = self.owned().get_mut(&c.source) {
-                if o.channel.id() == channel.id() {
+                // The same assignment still (its token), not merely a channel with the same
+                // number: lapin hands a closed channel's id to the next one it opens.
+                if o.token == c.token {
                     o.acks.done(&acks);
                 }
             }

@@ -225,6 +225,8 @@ pub(crate) enum Task {
         reason: Box<DeadLetterReason>,
         /// The source's lease: nothing is dead-lettered once it ran out.
         lease: Option<Lease>,
+        /// What may be done with an id derived from its position (its record is known by it).
+        position_id: PositionId,
     },
 }
 
@@ -255,7 +257,11 @@ async fn run_task(shard: &Arc<ShardContext>, message: Arc<Message>, task: Task) 
         } => process(&shard, message, position_id, received, lease.as_ref()).await,
         // Boxed: a batch handler's path; the state every single message's future carries stays small.
         Task::Run(run) => Box::pin(super::run::process(&shard, *run)).await,
-        Task::DeadLetter { reason, lease } => {
+        Task::DeadLetter {
+            reason,
+            lease,
+            position_id,
+        } => {
             // A stuck message that ran already (handled by an earlier assignment, delivered
             // again and stuck behind its key) is finished, not dead-lettered: a replay of its
             // dead letter would run it twice.
@@ -266,7 +272,7 @@ async fn run_task(shard: &Arc<ShardContext>, message: Arc<Message>, task: Task) 
                 &shard.ctx,
                 &shard.stats,
                 &message,
-                PositionId::None,
+                position_id,
                 *reason,
                 lease.as_ref(),
                 &mut fastrand::Rng::new(),

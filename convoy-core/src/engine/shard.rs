@@ -220,6 +220,9 @@ struct InFlight {
     message: Arc<Message>,
     /// Its source's lease, if held by one (a stuck message's dead letter checks it).
     lease: Option<Lease>,
+    /// What may be done with an id derived from its position (a stuck message's dead letter
+    /// is known by it).
+    position_id: PositionId,
     /// When its handling started; `None` for a stuck message's dead letter.
     started: Option<Instant>,
     /// The rest of its run, when it heads one (a batch handler's).
@@ -296,6 +299,7 @@ struct Stuck {
     weight: usize,
     message: Arc<Message>,
     lease: Option<Lease>,
+    position_id: PositionId,
 }
 
 /// How many messages of a key a run holds, at most, and their payload bytes.
@@ -494,10 +498,18 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
 
     /// Starts `task` for `message` as the in-flight job of the lane of `launch.hash`.
     fn launch(&mut self, launch: Launch, message: Arc<Message>, task: Task) -> InFlight {
-        let (lease, started) = match &task {
-            Task::Handle { lease, .. } => (lease.clone(), Some(Instant::now())),
-            Task::Run(run) => (run.lease.clone(), Some(Instant::now())),
-            Task::DeadLetter { lease, .. } => (lease.clone(), None),
+        let (lease, started, position_id) = match &task {
+            Task::Handle {
+                lease, position_id, ..
+            } => (lease.clone(), Some(Instant::now()), *position_id),
+            Task::Run(run) => (
+                run.lease.clone(),
+                Some(Instant::now()),
+                run.items.first().map_or(PositionId::None, |i| i.position_id),
+            ),
+            Task::DeadLetter {
+                lease, position_id, ..
+            } => (lease.clone(), None, *position_id),
         };
         let job = Job {
             shard: self.shard.clone(),
@@ -513,6 +525,7 @@ impl<F: Future<Output = Outcome>> Launcher<F> {
             weight: launch.weight,
             message,
             lease,
+            position_id,
             started,
             run: None,
         }
@@ -885,6 +898,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 weight: busy.weight,
                 message: busy.message,
                 lease: busy.lease.clone(),
+                position_id: busy.position_id,
             })
         } else {
             // Taken out only if it is the stuck one; else it goes back with the rest.
@@ -893,6 +907,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 weight: f.weight,
                 message: f.message,
                 lease: busy.lease.clone(),
+                position_id: f.position_id,
             })
         };
         if let Some(lane) = self.lanes.get_mut(key, hash) {
@@ -939,20 +954,36 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             tracing::warn!(?waited, "a message held the watermark past the stuck timeout after it was handled: its replay's end marker waits for the dead-letter destination (not dead-lettered)");
             return;
         }
-        let (key, hash, slot, weight, message, lease) = if let Some((key, hash)) = in_flight {
+        let (key, hash, slot, weight, message, lease, position_id) = if let Some((key, hash)) = in_flight {
             let Some(busy) = self.lanes.get_mut(&key, hash).and_then(|l| l.busy.take()) else {
                 return;
             };
             self.launcher.tasks.cancel(busy.task);
             if busy.run.is_none() {
-                (key, hash, busy.slot, busy.weight, busy.message, busy.lease)
+                (
+                    key,
+                    hash,
+                    busy.slot,
+                    busy.weight,
+                    busy.message,
+                    busy.lease,
+                    busy.position_id,
+                )
             } else {
                 let Some(first) = self.split_run(&key, hash, busy, seq) else {
                     // Finished already: the next of the lane goes on.
                     self.advance(&key, hash);
                     return;
                 };
-                (key, hash, first.slot, first.weight, first.message, first.lease)
+                (
+                    key,
+                    hash,
+                    first.slot,
+                    first.weight,
+                    first.message,
+                    first.lease,
+                    first.position_id,
+                )
             }
         } else {
             // Queued behind another message of its key (of another source): take it out and give
@@ -980,6 +1011,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
                 work.weight,
                 Arc::new(work.message),
                 work.lease,
+                work.position_id,
             )
         };
         tracing::error!(source = %message.source, offset = message.offset, ?waited, "message stuck past the stuck timeout; cancelling and dead-lettering it");
@@ -997,6 +1029,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             Task::DeadLetter {
                 reason: Box::new(reason),
                 lease,
+                position_id,
             },
         );
         match self.lanes.entry(&key, hash) {

@@ -78,6 +78,13 @@ pub trait GroupLocks: Send + 'static {
     async fn take(&mut self, source: &SourceId) -> Result<Option<Self::Won>, TransportError>;
     /// Prepares a won partition for reading. Several run at once: each is a few round trips.
     async fn open(&self, source: &SourceId, won: &Self::Won) -> Result<Self::Opened, TransportError>;
+    /// True if `won` is still held, checked right before a prepared partition starts: a lock
+    /// lost while it was being prepared (a lease that ran out) was reported lost before the
+    /// engine heard of the partition, so starting it would leave the engine a partition nobody
+    /// can take from it.
+    fn still_held(&self, _won: &Self::Won) -> bool {
+        true
+    }
     /// Starts reading a prepared partition: the engine hears `Assigned` before any message.
     fn start(&mut self, source: &SourceId, won: Self::Won, opened: Self::Opened) -> Self::Reader;
     /// Frees the lock of `source` once its reader stopped (`None`: it never started).
@@ -245,6 +252,11 @@ impl<L: GroupLocks> GroupMember<L> {
         let mut failure = None;
         for ((source, won), opened) in won.into_iter().zip(opened) {
             match opened {
+                Ok(_) if !self.locks.still_held(&won) => {
+                    let wait = self.cooling.failed(source.clone());
+                    tracing::warn!(%source, retry_in = ?wait, "the partition's lock was lost while it was being prepared; not starting it");
+                    self.locks.release(&source, None).await;
+                }
                 Ok(opened) => {
                     self.cooling.started(&source);
                     let reader = self.locks.start(&source, won, opened);
@@ -377,6 +389,8 @@ mod tests {
         members: HashSet<u64>,
         /// Partitions whose start fails.
         broken: HashSet<SourceId>,
+        /// Every lock won is lost while its partition is prepared.
+        lose_while_opening: bool,
         log: Vec<String>,
     }
 
@@ -444,6 +458,9 @@ mod tests {
                 true => Err(TransportError::Unavailable("broken".into())),
                 false => Ok(()),
             }
+        }
+        fn still_held(&self, _: &()) -> bool {
+            !self.broker.lock().unwrap().lose_while_opening
         }
         fn start(&mut self, source: &SourceId, _: (), _: ()) -> FakeReader {
             let assigned = crate::transport::Assignment::new(source.clone(), None);
@@ -594,6 +611,25 @@ mod tests {
         );
         broker.lock().unwrap().broken.clear();
         settle(&mut [&mut a], &mut owned, &[4]).await;
+    }
+
+    /// Fails without the check before starting: the partitions whose leases ran out while
+    /// they were being prepared were started and announced after their loss had been reported,
+    /// and the engine kept them (phantoms nobody would take back).
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_lost_while_its_partition_opens_is_not_started() {
+        let broker = Arc::new(Mutex::new(Broker::default()));
+        broker.lock().unwrap().lose_while_opening = true;
+        let mut a = spawn(1, &broker, 2);
+        let mut owned = vec![BTreeSet::new()];
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            drain(&mut a.events, &mut owned[0]);
+        }
+        assert!(owned[0].is_empty(), "assigned without a lock: {:?}", owned[0]);
+        assert!(broker.lock().unwrap().holders.is_empty(), "the locks are freed");
+        broker.lock().unwrap().lose_while_opening = false;
+        settle(&mut [&mut a], &mut owned, &[2]).await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -311,6 +311,11 @@ impl GroupLocks for Locks {
         self.prepare(topic, p).await
     }
 
+    /// A lease that ran out while its partition was prepared was reported lost already.
+    fn still_held(&self, lease: &Lease) -> bool {
+        lease.is_valid()
+    }
+
     /// Serves a partition this member leased and prepared.
     fn start(&mut self, source: &SourceId, lease: Lease, start: Start) -> PartitionTask {
         let (topic, p) = topic_partition(source);
