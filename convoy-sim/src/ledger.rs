@@ -237,7 +237,8 @@ impl Ledger {
         let mut seen = BTreeSet::new();
         for &n in &messages {
             let anonymous = self.delivery_offsets && self.produced.get(&n).is_some_and(|p| !p.has_id);
-            if !seen.insert(n) && !(anonymous && !self.departed.is_empty()) {
+            let allowed = anonymous && !self.departed.is_empty();
+            if !seen.insert(n) && !allowed {
                 self.violation(format!(
                     "replay: replay {} re-publishes #{n} twice",
                     short(&tag.id)
