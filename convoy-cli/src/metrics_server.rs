@@ -166,6 +166,8 @@ fn readiness(snapshot: Option<&StatsSnapshot>) -> (StatusCode, serde_json::Value
             "no sources assigned (joining the group, a rebalance, or more members than partitions)"
                 .to_owned(),
         )
+    } else if let Some(stall) = s.stalled {
+        Some(format!("{} ({} s past its deadline)", stall.on, stall.overdue.as_secs()))
     } else {
         s.commits_failing_for
             .filter(|failing| *failing > COMMITS_FAILING_AT_MOST)
@@ -182,6 +184,7 @@ fn readiness(snapshot: Option<&StatsSnapshot>) -> (StatusCode, serde_json::Value
         "held": s.held,
         "commits": s.commits,
         "commits_failing_for_s": s.commits_failing_for.map(|d| d.as_secs_f64()),
+        "stalled_on": s.stalled.map(|stall| format!("{:?}", stall.on)),
     });
     (status, body)
 }
@@ -292,5 +295,23 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body["ready"], false);
         assert_eq!(body["reason"], "commits have been failing for 45 s");
+    }
+
+    #[test]
+    fn a_member_waiting_past_a_deadline_is_not_ready() {
+        let mut stalled = member(3, None);
+        stalled.stalled = Some(convoy::Stall {
+            on: convoy::StallOn::ReadBack,
+            overdue: Duration::from_secs(12),
+        });
+        let (status, body) = readiness(Some(&stalled));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("read back") && r.contains("12 s")),
+            "{body}"
+        );
+        assert_eq!(body["stalled_on"], "ReadBack");
     }
 }
