@@ -167,7 +167,11 @@ fn readiness(snapshot: Option<&StatsSnapshot>) -> (StatusCode, serde_json::Value
                 .to_owned(),
         )
     } else if let Some(stall) = s.stalled {
-        Some(format!("{} ({} s past its deadline)", stall.on, stall.overdue.as_secs()))
+        Some(format!(
+            "{} ({} s past its deadline)",
+            stall.on,
+            stall.overdue.as_secs()
+        ))
     } else {
         s.commits_failing_for
             .filter(|failing| *failing > COMMITS_FAILING_AT_MOST)

@@ -196,6 +196,8 @@ enum Ownership {
 struct Group {
     topics: BTreeSet<String>,
     members: BTreeSet<u64>,
+    /// Bumped by every rebalance that moves a partition (Kafka's group generation).
+    generation: u64,
     owners: HashMap<TopicPartition, Ownership>,
     /// Per partition: the committed position (every offset below it finished) and the finished
     /// offsets above it.
@@ -217,6 +219,11 @@ struct Member {
     outbox: Option<Arc<StagingOutbox>>,
     /// Its assignments' offsets count deliveries, not log positions (as an AMQP channel's).
     delivery_offsets: bool,
+    /// The group generation it joined, and the revokes it has not acknowledged yet: a member
+    /// still giving partitions back when another rebalance happens cannot rejoin it (Kafka's
+    /// member is inside its revoke callback), so its generation goes stale until it has.
+    generation: u64,
+    revoking: usize,
 }
 
 /// How a member joins.
@@ -483,6 +490,8 @@ impl MemoryBroker {
                     wake: wake.clone(),
                     outbox,
                     delivery_offsets,
+                    generation: 0,
+                    revoking: 0,
                 },
             );
             let g = state.groups.entry(group.to_owned()).or_default();
@@ -576,6 +585,18 @@ impl MemoryBroker {
             tokio::spawn(async move {
                 let answer = tokio::time::timeout_at(revoke.deadline, revoke.ack).await;
                 let acked = matches!(answer, Ok(Ok(())));
+                {
+                    // Done with this revoke: once none is left the member rejoins the group's
+                    // current generation.
+                    let mut state = broker.state();
+                    let State { groups, members, .. } = &mut *state;
+                    if let Some(m) = members.get_mut(&revoke.member) {
+                        m.revoking = m.revoking.saturating_sub(1);
+                        if m.revoking == 0 {
+                            m.generation = groups.get(&m.group).map_or(m.generation, |g| g.generation);
+                        }
+                    }
+                }
                 if let Some(outbox) = &revoke.outbox {
                     let sources: Vec<SourceId> =
                         revoke.partitions.iter().map(|(t, p)| source_id(t, *p)).collect();
@@ -687,13 +708,23 @@ impl MemoryBroker {
     }
 
     /// Refuses commits of partitions `member` does not own (or is not giving back).
+    /// Refuses commits of partitions `member` does not own (or is not giving back), and of
+    /// partitions it owns while its generation is stale: as Kafka, a commit inside a revoke
+    /// (of the partitions being revoked) is taken; another waits until the member rejoined.
     fn check_owner(&self, state: &State, member: u64, commits: &[Commit]) -> Result<(), TransportError> {
-        let group = &state.members.get(&member).ok_or(TransportError::Closed)?.group;
-        let g = state.groups.get(group).ok_or(TransportError::Closed)?;
+        let m = state.members.get(&member).ok_or(TransportError::Closed)?;
+        let g = state.groups.get(&m.group).ok_or(TransportError::Closed)?;
         for c in commits {
             let tp = parse_source(&c.source).ok_or_else(|| TransportError::NotOwner(c.source.clone()))?;
             match g.owners.get(&tp) {
-                Some(Ownership::Owned(m) | Ownership::Revoking(m)) if *m == member => {}
+                Some(Ownership::Revoking(owner)) if *owner == member => {}
+                Some(Ownership::Owned(owner)) if *owner == member && m.generation == g.generation => {}
+                Some(Ownership::Owned(owner)) if *owner == member => {
+                    return Err(TransportError::Unavailable(format!(
+                        "illegal generation: member {member} is at generation {} while the group is at {} (it rejoins once it acknowledged its revoke)",
+                        m.generation, g.generation
+                    )))
+                }
                 _ => return Err(TransportError::NotOwner(c.source.clone())),
             }
         }
@@ -941,12 +972,22 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
             Some(_) => {}
         }
     }
+    if !assigned.is_empty() || !revoked.is_empty() {
+        g.generation += 1;
+    }
+    // Members still inside an earlier revoke cannot rejoin: their generation goes stale.
+    for id in &live {
+        if let Some(m) = members.get_mut(id).filter(|m| m.revoking == 0) {
+            m.generation = g.generation;
+        }
+    }
     let mut pending = Vec::new();
     let deadline = Instant::now() + rebalance_timeout;
     for (member, partitions) in revoked {
         let (ack, rx) = RevokeAck::new();
         let outbox = members.get(&member).and_then(|m| m.outbox.clone());
         if let Some(m) = members.get_mut(&member) {
+            m.revoking += 1;
             m.pending.push_back(SourceEvent::Revoked {
                 sources: partitions.iter().map(|(t, p)| source_id(t, *p)).collect(),
                 deadline,

@@ -39,6 +39,8 @@ struct Stopping {
     index: usize,
     deadline: Instant,
     task: JoinHandle<()>,
+    /// What the stop left uncommitted, once it ended.
+    uncommitted: Arc<Mutex<Option<u64>>>,
 }
 
 pub struct World {
@@ -54,6 +56,10 @@ pub struct World {
     produced: u64,
     /// What a graceful stop may take, at most.
     shutdown_timeout: Duration,
+    /// Until when commits may have been refused by a fault (a stop's commit is excused then).
+    commit_trouble_until: Instant,
+    /// Members whose connection dropped (their commits are refused).
+    lost: std::collections::BTreeSet<usize>,
 }
 
 impl World {
@@ -83,6 +89,8 @@ impl World {
             next_member: 0,
             produced: 0,
             shutdown_timeout: Duration::from_secs(4),
+            commit_trouble_until: Instant::now(),
+            lost: std::collections::BTreeSet::new(),
         }
     }
 
@@ -215,12 +223,17 @@ impl World {
         self.shared.ledger().departed(member.index);
         let shared = self.shared.clone();
         let index = member.index;
+        let uncommitted = Arc::new(Mutex::new(None));
+        let left = uncommitted.clone();
         let task = tokio::spawn(async move {
             match member.handle.stop().await {
-                Ok(report) => shared.ledger().trace.event(format_args!(
-                    "m{index} stopped: {} handled, {} cancelled",
-                    report.stats.handled, report.cancelled
-                )),
+                Ok(report) => {
+                    shared.ledger().trace.event(format_args!(
+                        "m{index} stopped: {} handled, {} cancelled, {} left uncommitted",
+                        report.stats.handled, report.cancelled, report.uncommitted
+                    ));
+                    *left.lock().unwrap_or_else(|p| p.into_inner()) = Some(report.uncommitted);
+                }
                 Err(e) => shared
                     .ledger()
                     .violation(format!("m{index} failed while stopping: {e}")),
@@ -231,6 +244,7 @@ impl World {
             // A little slack over the timeout: the close and the handle's own return.
             deadline: Instant::now() + self.shutdown_timeout + Duration::from_millis(100),
             task,
+            uncommitted,
         });
     }
 
@@ -242,6 +256,7 @@ impl World {
         let member = &self.members[self.rng.usize(..self.members.len())];
         self.event(format_args!("m{} loses its connection", member.index));
         self.shared.ledger().departed(member.index);
+        self.lost.insert(member.index);
         self.broker.drop_connection(member.broker_id);
     }
 
@@ -412,11 +427,15 @@ impl World {
             let n = self.rng.u32(1..=4);
             self.event(format_args!("fault: the next {n} commits fail"));
             self.broker.set_faults(|f| f.fail_commits += n);
+            // Failures are taken by whichever commits come next: a stop's may be among them
+            // for a while.
+            self.commit_trouble_until = self.commit_trouble_until.max(now + self.shutdown_timeout * 2);
         }
         if commit_hang {
             let until = span(&mut self.rng, 2000);
             self.event(format_args!("fault: commits hang for {:?}", until - now));
             self.broker.set_faults(|f| f.hang_commits_until = Some(until));
+            self.commit_trouble_until = self.commit_trouble_until.max(until + self.shutdown_timeout);
         }
         if fetch_delay {
             let sources = self.sources();
@@ -485,6 +504,22 @@ impl World {
                 "deadline: m{index}'s graceful stop did not end by its shutdown timeout"
             ));
             self.stopping.retain(|s| s.index != index);
+        }
+        // A graceful stop ends with its commit accepted, unless the broker refused commits
+        // (a fault) or the member lost its sources meanwhile.
+        for stop in self.stopping.iter().filter(|s| s.task.is_finished()) {
+            let left = stop
+                .uncommitted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or(0);
+            let excused = now <= self.commit_trouble_until || self.lost.contains(&stop.index);
+            if left > 0 && !excused {
+                self.shared.ledger().violation(format!(
+                    "commit: m{}'s graceful stop left {left} finished messages uncommitted while the broker took commits",
+                    stop.index
+                ));
+            }
         }
         self.stopping.retain(|s| !s.task.is_finished());
         let held: Vec<(usize, convoy_core::StatsSnapshot)> =

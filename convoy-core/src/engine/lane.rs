@@ -971,7 +971,7 @@ async fn publish_dead_letter(
     // A record is known by its message's identity; one whose message has none (no event id,
     // and offsets that name no position) gets one of its own, so that the record is never
     // counted twice (a read-back that saw it, and the change applied again after it).
-    let id = parks.then(|| park_id(message, position_id).unwrap_or_else(anonymous_park_id));
+    let id = parks.then(|| Parking::record_id(park_id(message, position_id)));
     if let Some(id) = &id {
         dead_letter.message.headers.insert(DL_PARK_ID, id.clone());
     }
@@ -1006,13 +1006,6 @@ pub(super) fn park_id(message: &Message, position_id: PositionId) -> Option<Stri
             (position_id == PositionId::Checked).then(|| format!("{}@{}", message.source, message.offset))
         }
     }
-}
-
-/// A record's own identity, for a message nothing identifies: random, so a redelivery of the
-/// message is recorded again (nothing tells it apart from another message).
-fn anonymous_park_id() -> String {
-    let mut rng = fastrand::Rng::new();
-    format!("anonymous-{:016x}{:016x}", rng.u64(..), rng.u64(..))
 }
 
 /// Publishes `record` to the dead-letter sink, retrying with backoff until it confirms. `Err`

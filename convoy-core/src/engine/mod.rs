@@ -55,6 +55,10 @@ pub struct EngineReport {
     /// Messages still unfinished when the drain ended (its timeout passed or a second stop
     /// signal aborted it): cancelled, left uncommitted, redelivered to the next owner.
     pub cancelled: usize,
+    /// Messages finished here whose commit never went through by the stop's deadline (the
+    /// broker refused or did not answer): the next owner handles them again. Zero for a stop
+    /// whose final commit was accepted.
+    pub uncommitted: u64,
 }
 
 /// The engine stopped abnormally.

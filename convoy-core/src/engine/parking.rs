@@ -208,6 +208,18 @@ impl Parking {
         self.count(state.keys.len());
     }
 
+    /// What a record of `message` is known by: its message's identity (`id`), or — for a
+    /// message nothing identifies (no event id, offsets that name no position) — one of its
+    /// own, so the record is never counted twice (read back by a read-back under way *and*
+    /// applied again from its journal). A redelivery of such a message is recorded again:
+    /// nothing tells it apart from another message.
+    pub fn record_id(id: Option<String>) -> String {
+        id.unwrap_or_else(|| {
+            let mut rng = fastrand::Rng::new();
+            format!("anonymous-{:016x}{:016x}", rng.u64(..), rng.u64(..))
+        })
+    }
+
     /// True if any key is parked (read without a lock: a lane asks before every keyed message).
     pub fn any_parked(&self) -> bool {
         self.parked.load(Ordering::Acquire) > 0
@@ -321,6 +333,51 @@ mod tests {
         async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
             Ok(self.0.lock().unwrap().clone())
         }
+    }
+
+    /// A destination whose read-backs wait until let through.
+    struct Slow {
+        records: Destination,
+        through: tokio::sync::Semaphore,
+    }
+
+    #[async_trait]
+    impl DeadLetterSink for Slow {
+        async fn publish(&self, _: &DeadLetter) -> Result<(), TransportError> {
+            Ok(())
+        }
+
+        async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+            let _through = self.through.acquire().await;
+            self.records.read_back().await
+        }
+    }
+
+    /// Fails with a record known by nothing (`None`): written while a read-back is under way,
+    /// it is both in what the read-back reads and in the journal applied after it, and counted
+    /// twice — a replay then re-publishes the message twice.
+    #[tokio::test]
+    async fn a_record_written_during_a_read_back_counts_once() {
+        let destination = Slow {
+            records: Destination::default(),
+            through: tokio::sync::Semaphore::new(0),
+        };
+        let parking = Parking::new("g");
+        parking.set_aside(&message("k", 1, None), id(1), true);
+        let anonymous = message("k", 2, None);
+        let known_by = Parking::record_id(None);
+        let writing = async {
+            destination.records.add(
+                "k",
+                &[(DL_CAUSE, "parked".to_owned()), (DL_PARK_ID, known_by.clone())],
+            );
+            parking.set_aside(&anonymous, Some(known_by.clone()), false);
+            destination.through.add_permits(1);
+        };
+        tokio::join!(parking.read_back(&destination), writing);
+        let state = parking.state();
+        let key = state.keys.get(b"k").expect("parked");
+        assert_eq!(key.pending(), 1, "the set-aside record counts once");
     }
 
     #[test]

@@ -252,6 +252,7 @@ impl Intake {
             .live_members(index)
             .iter()
             .filter_map(|&slot| self.sources[slot as usize].as_ref())
+            .filter(|s| s.dirty())
             .map(|s| s.finished.saturating_sub(s.committed_finished))
             .sum();
         if uncommitted > 0 {

@@ -266,14 +266,21 @@ impl Intake {
         stopping.retry_wait = (stopping.retry_wait * 2).min(RETRY_MOST);
     }
 
-    /// The stop's time for committing is over: say what stays uncommitted, then close.
-    fn give_up_final_commit(&mut self) {
-        let uncommitted: u64 = self
-            .sources
+    /// Messages finished here that no confirmed commit covers, on sources whose last commit
+    /// did not go through (a source whose watermark was committed leaves only what lay above an
+    /// unfinished message, which at least once hands to the next owner anyway).
+    fn uncommitted(&self) -> u64 {
+        self.sources
             .iter()
             .flatten()
+            .filter(|s| s.dirty())
             .map(|s| s.finished.saturating_sub(s.committed_finished))
-            .sum();
+            .sum()
+    }
+
+    /// The stop's time for committing is over: say what stays uncommitted, then close.
+    fn give_up_final_commit(&mut self) {
+        let uncommitted = self.uncommitted();
         if uncommitted > 0 {
             tracing::error!(
                 uncommitted,
@@ -302,6 +309,7 @@ impl Intake {
                 Some((s.id.clone(), watermark))
             })
             .collect();
+        let uncommitted = self.uncommitted();
         let left = deadline.saturating_duration_since(Instant::now());
         self.close_transport(left.max(MIN_FINAL)).await;
         self.shards.clear();
@@ -312,6 +320,7 @@ impl Intake {
             stats,
             committed,
             cancelled,
+            uncommitted,
         })
     }
 
