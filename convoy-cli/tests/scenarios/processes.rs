@@ -282,6 +282,65 @@ pub async fn a_frozen_member_handles_nothing_after_its_lease(url: &str, topic: &
     assert_replayed(&checker, &lines, "a member frozen past its leases");
 }
 
+/// A rolling deploy: two members of one group under a backlog; `restarts` times, one of them
+/// is stopped with SIGTERM while its replacement joins (a stop during a rebalance). Every stop is
+/// graceful, and each ends with its final commit accepted — a commit the broker refuses while
+/// the group rebalances is tried again until the stop's deadline — so nothing a stopped member
+/// finished is handled again. Returns the lines handled more than once (the caller decides what
+/// its protocol allows).
+pub async fn rolling_restarts(url: &str, topic: &str, restarts: usize) -> usize {
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let publisher = connection.publisher(topic).unwrap();
+    let checker = OrderChecker::new();
+    let (keys, per_key) = (40, 150);
+    publish_load(publisher.as_ref(), &checker, "roll-", keys, per_key)
+        .await
+        .unwrap();
+    let log = Log::new(topic);
+    // 20 ms a message, 40 keys: about 2,000 a second, 3 s of work for one member.
+    let work = ["--work-ms", "20"];
+    let mut members = vec![
+        Member::start_with(url, &log.0, &work),
+        Member::start_with(url, &log.0, &work),
+    ];
+    let total = keys * per_key;
+    for restart in 0..restarts {
+        let handled: HashSet<(String, u64)> = log.lines().into_iter().collect();
+        if handled.len() >= total {
+            break;
+        }
+        // The replacement joins while the stopping member drains: two rebalances overlap.
+        let stopping = members.remove(restart % members.len());
+        stopping.signal("TERM");
+        members.push(Member::start_with(url, &log.0, &work));
+        let (status, stderr) = tokio::task::block_in_place(|| {
+            let mut stopping = stopping;
+            let status = super::wait_exit(&mut stopping.0);
+            (status, stopping.stderr())
+        });
+        assert!(status.success(), "SIGTERM is a graceful stop: {status:?}\n{stderr}");
+        assert!(
+            !stderr.contains("handled again by the next owner"),
+            "restart {restart}: a stop or a revoke left finished messages uncommitted:\n{stderr}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::task::block_in_place(|| log.wait_handled(total));
+    for member in members {
+        assert!(member.leave());
+    }
+    let lines = log.lines();
+    let distinct: HashSet<&(String, u64)> = lines.iter().collect();
+    let again = lines.len() - distinct.len();
+    println!(
+        "rolling restarts ({restarts}): {} lines for {total} messages, {again} handled again",
+        lines.len()
+    );
+    assert_replayed(&checker, &lines, "rolling restarts");
+    again
+}
+
 /// A member stopped with SIGTERM mid-run — its handlers busy, a backlog queued — finishes what
 /// is in flight, commits and leaves, exit status 0; the next member of the group handles the
 /// rest and nothing the first one handled. Then `--max-messages` takes exactly that many.
