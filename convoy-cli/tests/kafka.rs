@@ -151,7 +151,10 @@ async fn sigterm_hands_over_without_repeats_and_max_messages_is_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_restarts_handle_nothing_twice() {
     let Some(bootstrap) = bootstrap() else { return };
-    for protocol in ["group_protocol=classic&assignor=cooperative-sticky", "group_protocol=consumer"] {
+    for protocol in [
+        "group_protocol=classic&assignor=cooperative-sticky",
+        "group_protocol=consumer",
+    ] {
         let topic = unique("roll");
         let url = format!(
             "{}&partitions=6&{protocol}",

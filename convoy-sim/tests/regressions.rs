@@ -7,14 +7,46 @@ use convoy_sim::run;
 
 /// (seed, the fault it finds when planted, what it saw then).
 const FOUND: &[(u64, &str, &str)] = &[
-    (2, "1-inline-read-back", "deadline: a revoke was not acknowledged by its deadline"),
-    (485, "2-resumed-replay-runs-twice", "replay: #78 was handled by 2 replays"),
-    (47, "3-replay-ends-on-last-index", "watermark: a replay's copy committed, never finished"),
-    (9, "4-empty-key-parks", "watermark: a replay's copy committed, never finished"),
-    (32, "5-staging-unbounded", "liveness: not everything committed within 300 s"),
-    (392, "6-staged-outputs-outlive-handling", "liveness: not everything committed within 300 s"),
-    (2484, "7-final-commit-not-retried", "commit: a graceful stop left 1 finished message uncommitted"),
-    (175, "8a-detached-stuck-overtaken", "order: #43 started before #33 was settled"),
+    (
+        2,
+        "1-inline-read-back",
+        "deadline: a revoke was not acknowledged by its deadline",
+    ),
+    (
+        485,
+        "2-resumed-replay-runs-twice",
+        "replay: #78 was handled by 2 replays",
+    ),
+    (
+        47,
+        "3-replay-ends-on-last-index",
+        "watermark: a replay's copy committed, never finished",
+    ),
+    (
+        9,
+        "4-empty-key-parks",
+        "watermark: a replay's copy committed, never finished",
+    ),
+    (
+        32,
+        "5-staging-unbounded",
+        "liveness: not everything committed within 300 s",
+    ),
+    (
+        392,
+        "6-staged-outputs-outlive-handling",
+        "liveness: not everything committed within 300 s",
+    ),
+    (
+        2484,
+        "7-final-commit-not-retried",
+        "commit: a graceful stop left 1 finished message uncommitted",
+    ),
+    (
+        175,
+        "8a-detached-stuck-overtaken",
+        "order: #43 started before #33 was settled",
+    ),
 ];
 
 #[test]

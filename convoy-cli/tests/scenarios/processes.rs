@@ -319,7 +319,10 @@ pub async fn rolling_restarts(url: &str, topic: &str, restarts: usize) -> usize 
             let status = super::wait_exit(&mut stopping.0);
             (status, stopping.stderr())
         });
-        assert!(status.success(), "SIGTERM is a graceful stop: {status:?}\n{stderr}");
+        assert!(
+            status.success(),
+            "SIGTERM is a graceful stop: {status:?}\n{stderr}"
+        );
         assert!(
             !stderr.contains("handled again by the next owner"),
             "restart {restart}: a stop or a revoke left finished messages uncommitted:\n{stderr}"
