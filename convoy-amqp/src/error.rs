@@ -49,8 +49,9 @@ pub fn amqp_error(e: &lapin::Error) -> Option<(u16, &str)> {
 pub enum TopologyError {
     /// A queue or exchange exists with other arguments than convoy declares.
     #[error(
-        "{queue} already exists with other arguments ({server}); delete it or use another topic or \
-         group name: convoy never falls back to a queue it did not declare"
+        "{queue} already exists with other arguments ({server}); use the settings it was declared \
+         with (partitions), or another topic or group name: convoy never falls back to a queue it \
+         did not declare"
     )]
     Mismatch {
         /// What was declared.

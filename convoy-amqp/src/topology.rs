@@ -256,7 +256,8 @@ pub async fn declare_topic(
             stream = %dead_letters,
             error = %e,
             "the dead-letter stream cannot be declared now; consuming goes on, dead letters wait \
-             until it can (if it stays so, delete it: convoy declares it again)"
+             until it can (if it stays so, look at the stream on the broker: it may hold dead \
+             letters, so convoy never removes it)"
         ),
     }
     on_own_channel(conn, |channel| async move {

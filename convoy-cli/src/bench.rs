@@ -15,6 +15,7 @@ use convoy_testkit::scenario::{
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{BenchArgs, ScenarioName};
+use crate::out::{out, out_part};
 use crate::settings::connect;
 
 /// The scenario the arguments describe.
@@ -59,17 +60,27 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
         back_pressure.window_high = 256;
         back_pressure.window_low = 128;
     }
+    let messages = args.messages.unwrap_or(messages);
+    let keys = args.keys.unwrap_or(keys);
+    let partitions = args.partitions.unwrap_or(if memory_bound { 48 } else { 8 });
+    if messages == 0 || keys == 0 || partitions == 0 {
+        return Err(format!(
+            "--messages, --keys and --partitions must each be at least 1 (got {messages}, {keys} and {partitions})"
+        ));
+    }
+    if keys as u64 > messages {
+        return Err(format!(
+            "--keys {keys} is more than --messages {messages}: every key needs a message (use at most {messages} keys)"
+        ));
+    }
     Ok(Scenario {
         name: args
             .scenario
             .to_possible_value()
             .map_or_else(|| "custom".to_owned(), |v| v.get_name().to_owned()),
-        messages: args.messages.unwrap_or(messages).max(1),
-        keys: args.keys.unwrap_or(keys).max(1),
-        partitions: args
-            .partitions
-            .unwrap_or(if memory_bound { 48 } else { 8 })
-            .max(1),
+        messages,
+        keys,
+        partitions,
         payload_bytes: args
             .payload_bytes
             .unwrap_or(if memory_bound { 16 << 10 } else { 0 }),
@@ -110,7 +121,14 @@ pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
     if seed {
         report.reference = Some(seed_reference());
     }
-    report.print(args.json)?;
+    // A reader that closed stdout (`| head`) cuts the report, not the verdict: the exit status
+    // still says whether every message finished in order.
+    let _cut = if args.json {
+        let line = serde_json::to_string(&report).map_err(|e| format!("cannot encode the report: {e}"))?;
+        out!("{line}")
+    } else {
+        out_part!("{}", report.table())
+    };
     let passed = report.passed() && report.at_held_rate.as_ref().is_none_or(|r| r.passed());
     Ok(if passed {
         ExitCode::SUCCESS

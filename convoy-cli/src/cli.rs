@@ -14,7 +14,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// CONVOY_* environment variables (CONVOY_URL, CONVOY_GROUP, CONVOY_TOPICS, CONVOY_DLQ_TOPIC,
 /// CONVOY_PARTITIONS), then --config FILE (TOML with the same names).
 ///
-/// Start with `convoy bench`: it runs the seed scenario on memory:// and prints a table.
+/// Logs go to stderr: lifecycle events of `consume` at INFO, warnings elsewhere (RUST_LOG
+/// overrides), coloured only on a terminal and never with NO_COLOR set.
+///
+/// Start with `convoy bench`: it runs the default scenario on memory:// and prints a table.
 #[derive(Parser, Debug)]
 #[command(name = "convoy", version, max_term_width = 100, after_long_help = EXAMPLES)]
 pub struct Cli {
@@ -35,6 +38,15 @@ pub struct Cli {
     /// Dead-letter topic (default: <first topic>.dlq).
     #[arg(long, global = true, value_name = "TOPIC")]
     pub dlq_topic: Option<String>,
+    /// Log lines as text, or as one JSON object each (for log collectors).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -42,7 +54,7 @@ pub struct Cli {
 
 const EXAMPLES: &str = "\
 Examples:
-  convoy bench                                              # seed scenario, embedded broker
+  convoy bench                                              # default scenario, embedded broker
   convoy --url kafka://127.0.0.1:9092 bench --scenario seed-load --rate 20000 --duration 10
   printf 'acct-1\\t{\"cents\":500}\\n' | convoy --url kafka://127.0.0.1:9092 --topic ledger produce
   convoy --url kafka://127.0.0.1:9092 --topic ledger --group billing consume --metrics-addr 127.0.0.1:9898
@@ -52,6 +64,15 @@ Examples:
   convoy --url kafka://127.0.0.1:9092 --topic ledger dlq replay --key acct-1 --dry-run
   convoy --url 'amqp://guest:guest@127.0.0.1:5672/%2f' --topic ledger --group billing consume
   convoy --url nats://127.0.0.1:4222 bench";
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One line of text per event.
+    Text,
+    /// One JSON object per event: timestamp, level, target, message and fields.
+    Json,
+}
 
 /// The subcommands.
 #[derive(Subcommand, Debug)]
@@ -83,8 +104,8 @@ pub struct LanesArgs {
     /// Lanes of each kind shown.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
-    /// Refresh every this many seconds (Ctrl-C to quit).
-    #[arg(long, value_name = "SECONDS")]
+    /// Refresh every this many seconds (`--watch` alone: every 2 s; Ctrl-C to quit).
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
     pub watch: Option<f64>,
     /// Print the endpoint's JSON instead of tables.
     #[arg(long)]
@@ -134,7 +155,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub work_ms: Option<f64>,
     /// Wait the work out on tokio's timer instead, which rounds each wait up to its next 1 ms
-    /// tick (1 ms lasts 2.1–2.4 ms): how `work` figures before 2026-12-01 10:00 UTC were taken.
+    /// tick (1 ms lasts 2.1–2.4 ms): how older `work` figures in BENCHMARKS.md were taken.
     #[arg(long)]
     pub tokio_timer: bool,
     /// Fraction of messages failing transiently once (retried in their lane).
@@ -242,6 +263,10 @@ pub enum TopicCommand {
 /// `convoy consume`.
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
+    /// Create the topics if they do not exist (with the connection's partitions, 8 unless
+    /// set): without it, a topic that does not exist is an error, so that a typo creates nothing.
+    #[arg(long)]
+    pub create: bool,
     /// Handle exactly this many messages (the first ones each partition holds past its
     /// committed position), commit them, and stop: nothing after them is handled or committed.
     #[arg(long, value_name = "COUNT")]

@@ -2,9 +2,12 @@
 //! message on one line; stops on SIGINT (Ctrl-C) or SIGTERM (`docker stop`, Kubernetes), or
 //! after exactly `--max-messages`, draining (what is in flight, or with `--drain buffered`
 //! everything fetched) and committing first. A second signal aborts the drain: what is
-//! unfinished stays uncommitted and goes to the next consumer.
+//! unfinished stays uncommitted and goes to the next consumer. A closed stdout (`| head`, or
+//! `| less` and then `q`) stops it too, at once: only what was printed is committed, and the
+//! exit status is 0.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use convoy::{
@@ -14,7 +17,8 @@ use convoy::{
 
 use crate::cli::{ConsumeArgs, DrainArg};
 use crate::metrics_server;
-use crate::settings::connect;
+use crate::out::out;
+use crate::settings::{connect, fit_to_topics};
 
 /// Longest payload printed per message.
 const PREVIEW: usize = 120;
@@ -48,6 +52,8 @@ struct Handling {
     quiet: bool,
     work: Duration,
     fail_on: Option<Vec<u8>>,
+    /// Told when stdout's reader has gone: `run` stops the consumer.
+    stdout_closed: Arc<tokio::sync::Notify>,
 }
 
 impl Handling {
@@ -66,7 +72,7 @@ impl Handling {
         if !self.quiet {
             let payload = String::from_utf8_lossy(d.payload());
             let preview: String = payload.chars().take(PREVIEW).collect();
-            println!(
+            let printed = out!(
                 "{}@{} key={} attempt={} {}",
                 d.source(),
                 d.offset(),
@@ -74,6 +80,13 @@ impl Handling {
                 d.attempt(),
                 one_line(&preview)
             );
+            if printed.is_err() {
+                // Nobody reads this message's line, so it is not finished: neither handled nor a
+                // dead letter. The stop `run` starts now cancels this call, and commits only
+                // what was printed.
+                self.stdout_closed.notify_one();
+                std::future::pending::<()>().await;
+            }
         }
         Ok(())
     }
@@ -99,6 +112,7 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
     if connection.endpoint().topics.is_empty() {
         return Err("name the topics to consume with --topic (or ?topics= in the URL)".into());
     }
+    let connection = fit_to_topics(connection, config, args.create).await?;
     if args.commit_interval_ms == Some(0) {
         return Err("--commit-interval-ms must be > 0".into());
     }
@@ -111,7 +125,9 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         quiet: args.quiet,
         work: Duration::from_millis(args.work_ms),
         fail_on: args.fail_on.clone().map(String::into_bytes),
+        stdout_closed: Arc::new(tokio::sync::Notify::new()),
     };
+    let stdout_closed = handling.stdout_closed.clone();
     // The engine's defaults, then `[engine]` of --config and CONVOY_ENGINE_*, then the flags.
     let mut config = connection.engine_config().map_err(|e| e.to_string())?;
     if let Some(ms) = args.commit_interval_ms {
@@ -149,6 +165,15 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
         .dead_letter_sink(connection.dead_letter_sink().map_err(|e| e.to_string())?)
         .build()
         .map_err(|e| e.to_string())?;
+    if connection.endpoint().scheme == "memory" {
+        // Checked after the settings, so that a bad one is still named here.
+        return Err(
+            "memory:// lives inside one process: no other program can publish to it, so \
+                    `convoy consume` would wait forever on an empty broker. Name a broker with --url \
+                    (kafka://, amqp://, nats://); memory:// is for `convoy bench` and for the library"
+                .into(),
+        );
+    }
     // Listening before the engine starts: from here on no signal is lost (see `StopSignals`).
     let mut signals = StopSignals::listen().map_err(|e| format!("cannot listen for SIGINT/SIGTERM: {e}"))?;
     let running = engine.start(&connection).await.map_err(|e| e.to_string())?;
@@ -159,9 +184,19 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
     let join = running.join();
     tokio::pin!(join);
     let mut aborted_by = None;
+    let mut closed = false;
     let report = loop {
         tokio::select! {
             report = &mut join => break report.map_err(|e| e.to_string())?,
+            () = stdout_closed.notified(), if !closed => {
+                closed = true;
+                eprintln!("stdout closed: stopping — committing only what was printed");
+                // Nothing unfinished can be printed any more: stop, and abort the drain at once
+                // (what is unfinished is cancelled and left to the next consumer).
+                while stopper.requests() < 2 {
+                    stopper.shutdown();
+                }
+            }
             signal = signals.next(), if aborted_by.is_none() => {
                 if stopper.requests() == 0 {
                     eprintln!("{signal}: stopping — finishing what is in flight, then committing ({signal} again to abort the drain)");

@@ -6,6 +6,7 @@ use convoy::dlq::{self, DeadLetterRecord, Selection};
 use convoy::ConnectConfig;
 
 use crate::cli::{DlqCommand, SelectionArgs};
+use crate::out::{out, StdoutClosed};
 use crate::settings::connect;
 
 /// Longest error text shown in the list.
@@ -23,10 +24,10 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
             parked.sort_by(|a, b| a.0.cmp(b.0));
             if json {
                 for r in &records {
-                    println!(
+                    out!(
                         "{}",
                         serde_json::to_string(&json_of(r)).map_err(|e| e.to_string())?
-                    );
+                    )?;
                 }
                 for (key, parking) in &parked {
                     let line = serde_json::json!({
@@ -34,21 +35,21 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
                         "waiting": parking.pending(),
                         "replay_under_way": parking.replaying().map(|r| &r.id),
                     });
-                    println!("{line}");
+                    out!("{line}")?;
                 }
             } else {
-                print_table(&records);
+                print_table(&records)?;
                 if !parked.is_empty() {
-                    println!("\nparked keys (group {}):", connection.endpoint().group);
+                    out!("\nparked keys (group {}):", connection.endpoint().group)?;
                     for (key, parking) in &parked {
                         let under_way = parking.replaying().map_or_else(String::new, |r| {
                             format!(", replay {} of {} under way", r.id, r.count)
                         });
-                        println!(
+                        out!(
                             "  {}  {} waiting{under_way}",
                             String::from_utf8_lossy(key),
                             parking.pending()
-                        );
+                        )?;
                     }
                 }
             }
@@ -99,12 +100,10 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
                 .filter(|r| r.message.key.as_ref().is_none_or(|k| parked.get(k).is_none()))
                 .collect();
             if dry_run {
-                print_table(&records);
+                print_table(&records)?;
                 for key in &whole {
                     let waiting = parked.get(key.as_bytes()).map_or(0, |p| p.pending());
-                    println!(
-                        "parked key {key}: would replay its {waiting} messages, in order, and unpark it"
-                    );
+                    out!("parked key {key}: would replay its {waiting} messages, in order, and unpark it")?;
                 }
                 eprintln!(
                     "dry run: would replay {} dead letters and {} parked keys",
@@ -137,10 +136,11 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
     Ok(ExitCode::SUCCESS)
 }
 
-/// A line per replayed dead letter: where it was, its key, where it went.
+/// A line per replayed dead letter: where it was, its key, where it went. A closed stdout
+/// cuts this report, never the replay: every selected key is still replayed.
 fn print_all_replayed<'a>(records: impl Iterator<Item = &'a convoy::Message>, receipts: &[convoy::Receipt]) {
     for (record, receipt) in records.zip(receipts) {
-        println!(
+        let line = out!(
             "{}@{} key={} -> {}@{}",
             record.source,
             record.offset,
@@ -148,6 +148,9 @@ fn print_all_replayed<'a>(records: impl Iterator<Item = &'a convoy::Message>, re
             receipt.source,
             receipt.offset
         );
+        if line.is_err() {
+            return;
+        }
     }
 }
 
@@ -175,11 +178,15 @@ fn json_of(r: &DeadLetterRecord) -> serde_json::Value {
     })
 }
 
-fn print_table(records: &[DeadLetterRecord]) {
-    println!(
+fn print_table(records: &[DeadLetterRecord]) -> Result<(), StdoutClosed> {
+    out!(
         "{:>8}  {:<20} {:<18} {:>8}  {:<28} error",
-        "offset", "key", "cause", "attempts", "from"
-    );
+        "offset",
+        "key",
+        "cause",
+        "attempts",
+        "from"
+    )?;
     for r in records {
         let from = format!(
             "{}@{}",
@@ -188,13 +195,14 @@ fn print_table(records: &[DeadLetterRecord]) {
                 .map_or_else(|| "?".to_owned(), |o| o.to_string())
         );
         let error: String = r.error.chars().take(ERROR_WIDTH).collect();
-        println!(
+        out!(
             "{:>8}  {:<20} {:<18} {:>8}  {:<28} {error}",
             r.message.offset,
             r.message.key_display(),
             r.cause,
             r.attempts,
             from
-        );
+        )?;
     }
+    Ok(())
 }

@@ -14,6 +14,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 use crate::cli::LanesArgs;
+use crate::out::{out, out_part};
 
 pub async fn run(args: &LanesArgs) -> crate::CliResult {
     loop {
@@ -21,15 +22,15 @@ pub async fn run(args: &LanesArgs) -> crate::CliResult {
         let view: Value = serde_json::from_str(&body)
             .map_err(|e| format!("{} did not answer with the lanes' JSON: {e}", args.addr))?;
         if let Some(error) = view.get("error").and_then(Value::as_str) {
-            return Err(format!("{}: {error}", args.addr));
+            return Err(format!("{}: {error}", args.addr).into());
         }
         if args.json {
-            println!("{view}");
+            out!("{view}")?;
         } else {
             if args.watch.is_some() {
-                print!("\x1b[2J\x1b[H"); // clear the screen for the next frame
+                out_part!("\x1b[2J\x1b[H")?; // clear the screen for the next frame
             }
-            print!("{}", render(&view));
+            out_part!("{}", render(&view))?;
         }
         match args.watch {
             Some(seconds) => tokio::time::sleep(Duration::from_secs_f64(seconds.max(0.2))).await,
@@ -84,9 +85,10 @@ fn render(view: &Value) -> String {
     let totals = &view["totals"];
     let _ = writeln!(
         out,
-        "handled {}  dead-lettered {}  duplicates {}  retries {}  held {}  lanes {}  paused sources {}",
+        "handled {}  dead-lettered {}  parked {}  duplicates {}  retries {}  held {}  lanes {}  paused sources {}",
         text(&totals["handled"]),
         text(&totals["dead_lettered"]),
+        text(&totals["parked"]),
         text(&totals["duplicates"]),
         text(&totals["retries"]),
         text(&totals["held"]),

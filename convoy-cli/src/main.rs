@@ -8,6 +8,7 @@ mod consume;
 mod dlq;
 mod lanes;
 mod metrics_server;
+mod out;
 mod produce;
 mod settings;
 mod topic;
@@ -18,8 +19,35 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 
-/// A failed command: one line for the user.
-type CliResult = Result<ExitCode, String>;
+/// How a command ended.
+type CliResult = Result<ExitCode, CliError>;
+
+/// Why a command ended early.
+#[derive(Debug)]
+enum CliError {
+    /// A failure: one line for the user, exit status 1.
+    Failed(String),
+    /// Its reader closed stdout (`| head`): nothing more to show, exit status 0.
+    StdoutClosed,
+}
+
+impl From<String> for CliError {
+    fn from(message: String) -> Self {
+        CliError::Failed(message)
+    }
+}
+
+impl From<&str> for CliError {
+    fn from(message: &str) -> Self {
+        CliError::Failed(message.to_owned())
+    }
+}
+
+impl From<out::StdoutClosed> for CliError {
+    fn from(_: out::StdoutClosed) -> Self {
+        CliError::StdoutClosed
+    }
+}
 
 /// What is logged unless `RUST_LOG` says otherwise: a consumer's lifecycle (joined, sources
 /// assigned and revoked, outages and recoveries, dead letters) at INFO; warnings elsewhere.
@@ -37,17 +65,25 @@ fn main() -> ExitCode {
             Command::Consume(_) => tracing_subscriber::EnvFilter::new(DEFAULT_LOG),
             _ => tracing_subscriber::EnvFilter::new("warn,rdkafka=off,lapin=off"),
         });
-    tracing_subscriber::fmt()
+    // Colours only for a person at a terminal, and never when NO_COLOR is set (no-color.org).
+    use std::io::IsTerminal as _;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(colour);
+    match cli.log_format {
+        cli::LogFormat::Text => logs.init(),
+        cli::LogFormat::Json => logs.json().init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
-        Err(message) => fail(&message),
+        Err(CliError::StdoutClosed) => ExitCode::SUCCESS,
+        Err(CliError::Failed(message)) => fail(&message),
     }
 }
 

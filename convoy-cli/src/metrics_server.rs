@@ -235,6 +235,7 @@ fn to_json(inspection: &Inspection, stats: &StatsReader) -> serde_json::Value {
     let totals: BTreeMap<&str, serde_json::Value> = BTreeMap::from([
         ("handled", json!(s.handled)),
         ("dead_lettered", json!(s.dead_lettered)),
+        ("parked", json!(s.parked)),
         ("duplicates", json!(s.duplicates)),
         ("retries", json!(s.retries)),
         ("held", json!(s.held)),

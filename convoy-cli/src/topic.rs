@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use convoy::{ConnectConfig, TopicSpec};
 
 use crate::cli::TopicCommand;
+use crate::out::out;
 use crate::settings::connect;
 
 pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::CliResult {
@@ -29,8 +30,14 @@ pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::CliRes
                 .declare_topic(&name, &spec)
                 .await
                 .map_err(|e| e.to_string())?;
+            let declares_groups = matches!(connection.endpoint().scheme.as_str(), "amqp" | "amqps");
             let groups = match groups.is_empty() {
                 true => String::new(),
+                // As `topic list` shows it: only RabbitMQ declares a group's queues.
+                false if !declares_groups => {
+                    " (--for-group matters only on RabbitMQ: here every group reads the whole topic)"
+                        .to_owned()
+                }
                 false => format!(" for groups {}", groups.join(", ")),
             };
             eprintln!("topic {name}: {partitions} partitions{groups}");
@@ -44,13 +51,13 @@ pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::CliRes
                         "partitions": topic.partitions,
                         "groups": topic.groups,
                     });
-                    println!("{line}");
+                    out!("{line}")?;
                 } else {
                     let groups = match topic.groups.is_empty() {
                         true => String::new(),
                         false => format!("\tgroups: {}", topic.groups.join(", ")),
                     };
-                    println!("{}\t{} partitions{groups}", topic.name, topic.partitions);
+                    out!("{}\t{} partitions{groups}", topic.name, topic.partitions)?;
                 }
             }
             if topics.is_empty() {
@@ -58,11 +65,33 @@ pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::CliRes
             }
         }
         TopicCommand::Delete { name, groups } => {
+            let listed = connection.list_topics().await.map_err(|e| e.to_string())?;
+            if !listed.iter().any(|t| t.name == name) {
+                return Err(format!(
+                    "topic {name} does not exist on this broker: nothing was deleted (`convoy topic list` shows what does)"
+                )
+                .into());
+            }
             connection
                 .remove_topic(&name, &groups)
                 .await
                 .map_err(|e| e.to_string())?;
             eprintln!("topic {name} deleted");
+            // What convoy made for the topic but keeps, and why.
+            let dead_letters = format!("{name}.dlq");
+            if listed.iter().any(|t| t.name == dead_letters) {
+                eprintln!(
+                    "kept: its dead-letter topic {dead_letters}, with the dead letters it holds \
+                     (`convoy topic delete {dead_letters}` deletes it once they are not needed)"
+                );
+            }
+            if connection.endpoint().scheme == "nats" && groups.is_empty() {
+                eprintln!(
+                    "kept: the state of the groups that read it (their KV_convoy_wm_GROUP and \
+                     KV_convoy_leases_GROUP buckets, shared with their other topics): \
+                     --for-group GROUP deletes a group's"
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -243,3 +243,24 @@ async fn forwarding_survives_ten_kill_9_deduplicated_by_msg_id() {
     )
     .await;
 }
+
+/// `convoy consume | head -1` stops the consumer, which commits only what it printed (exit 0);
+/// nothing is dead-lettered, and the next consumer prints the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_stops_consume_committing_only_what_was_printed() {
+    let Some(server) = server() else { return };
+    let topic = unique("pipe");
+    let url = url(&server, &unique("pipe-group"), &topic);
+    let _clean = CleanUp(url.clone(), topic.clone());
+    scenarios::closed_stdout(&url, &topic).await;
+}
+
+/// `convoy topic list | head -0` and `convoy dlq list | head -0` end quietly, exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_to_a_closed_stdout_end_quietly() {
+    let Some(server) = server() else { return };
+    let topic = unique("listing");
+    let url = url(&server, &unique("listing-group"), &topic);
+    let _clean = CleanUp(url.clone(), topic.clone());
+    scenarios::listings_to_a_closed_stdout(&url).await;
+}

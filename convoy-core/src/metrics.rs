@@ -24,7 +24,8 @@ pub const HANDLER_DURATION: &str = "convoy_handler_duration_seconds";
 pub const QUEUE_TIME: &str = "convoy_queue_time_seconds";
 /// Lanes (active keys) alive now.
 pub const ACTIVE_LANES: &str = "convoy_active_lanes";
-/// Messages held: buffered in lanes plus in flight.
+/// Messages held: queued in lanes plus being handled (not only handler calls: the name is kept
+/// for dashboards that read it).
 pub const IN_FLIGHT: &str = "convoy_in_flight";
 /// Per source: newest offset minus committed watermark (reported while paused too).
 pub const SOURCE_LAG: &str = "convoy_source_lag";
@@ -57,10 +58,10 @@ pub fn describe() {
         describe_counter!(
             HANDLED,
             Unit::Count,
-            "Messages finished, by outcome: handled, dead_lettered, duplicate (skipped by event id)."
+            "Messages finished, by outcome: handled, dead_lettered, parked (set aside behind its key's dead letter), duplicate (skipped by event id)."
         );
         describe_counter!(RETRIES, Unit::Count, "Transient handler failures retried inside their lane.");
-        describe_counter!(DEAD_LETTERED, Unit::Count, "Messages dead-lettered, by cause (terminal, exhausted, malformed, panic, stuck, ...).");
+        describe_counter!(DEAD_LETTERED, Unit::Count, "Messages dead-lettered, by cause: terminal, retries-exhausted, malformed, panic, stuck, parked (set aside behind its key's dead letter).");
         describe_counter!(
             DEAD_LETTER_SINK_FAILURES,
             Unit::Count,
@@ -73,7 +74,7 @@ pub fn describe() {
             "Time from receipt to a message's first attempt: waiting behind its key's earlier messages and for a call slot."
         );
         describe_gauge!(ACTIVE_LANES, Unit::Count, "Lanes (keys with work) alive now.");
-        describe_gauge!(IN_FLIGHT, Unit::Count, "Messages held now: queued in lanes plus being handled.");
+        describe_gauge!(IN_FLIGHT, Unit::Count, "Messages held now, not only those in a handler call: queued in lanes (behind their key's earlier messages, or for a call slot) plus being handled.");
         describe_gauge!(
             SOURCE_LAG,
             Unit::Count,

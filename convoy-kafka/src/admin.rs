@@ -164,6 +164,8 @@ pub async fn create_topics_replicated(
 
 /// Every topic on the cluster but Kafka's internal ones (`__…`): `(name, partitions)`, by name.
 pub async fn list_topics(config: &KafkaConfig) -> Result<Vec<(String, usize)>, TransportError> {
+    // An unreachable broker or a refused login is said as such, not as a failed listing.
+    check_reachable(config).await?;
     let probe = consumer(config, "convoy-admin")?;
     tokio::task::spawn_blocking(move || {
         let metadata = probe

@@ -226,10 +226,10 @@ async fn create_stream(js: &Context, wanted: Config, what: &str) -> Result<(), T
         return Ok(());
     }
     Err(TransportError::Fatal(format!(
-        "stream {} ({what}) already exists with another configuration: {}; delete it, or use \
-         another name or the settings it was created with (partitions, replicas, \
-         stream_max_age_s, stream_max_bytes, duplicate_window_s, lease_ttl_ms): convoy never \
-         uses a stream it did not configure",
+        "stream {} ({what}) already exists with another configuration: {}; use the settings it \
+         was created with (partitions, replicas, stream_max_age_s, stream_max_bytes, \
+         duplicate_window_s, lease_ttl_ms), or another topic name: convoy never uses a stream \
+         it did not configure",
         wanted.name,
         differs.join(", ")
     )))

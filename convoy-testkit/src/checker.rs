@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -137,6 +137,13 @@ pub struct OrderChecker {
     samples: Mutex<Vec<String>>,
     /// Produce → the broker's acknowledgement, per message (live loads; see `acked`).
     acked_us: Mutex<Histogram<u64>>,
+    /// What [`finishing_span`](OrderChecker::finishing_span) is measured against.
+    created: Instant,
+    /// Microseconds after `created` when the first message finished (`u64::MAX`: none yet).
+    first_finish_us: AtomicU64,
+    /// Microseconds after `created` when the finished messages last caught up with the
+    /// published ones (0: never).
+    caught_up_us: AtomicU64,
 }
 
 impl Default for OrderChecker {
@@ -210,6 +217,9 @@ impl OrderChecker {
             overlaps: AtomicU64::new(0),
             samples: Mutex::new(Vec::new()),
             acked_us: Mutex::new(histogram()),
+            created: Instant::now(),
+            first_finish_us: AtomicU64::new(u64::MAX),
+            caught_up_us: AtomicU64::new(0),
         }
     }
 
@@ -310,7 +320,17 @@ impl OrderChecker {
                     advanced += 1;
                 }
             }
-            self.finished.fetch_add(advanced, Relaxed);
+            let before = self.finished.fetch_add(advanced, Relaxed);
+            // The clock is read only at the first finish and when the finishes catch up with
+            // what was published (a prefilled run: once), not per message.
+            if before == 0 {
+                self.first_finish_us
+                    .fetch_min(micros(self.created.elapsed()), Relaxed);
+            }
+            if before + advanced >= self.published() {
+                self.caught_up_us
+                    .fetch_max(micros(self.created.elapsed()), Relaxed);
+            }
         } else {
             stripe.ahead.entry(hash).or_default().insert(seq);
             drop(guard);
@@ -327,6 +347,15 @@ impl OrderChecker {
     /// Distinct messages finished so far (ahead-of-order ones excluded until the gap fills).
     pub fn finished(&self) -> u64 {
         self.finished.load(Relaxed)
+    }
+
+    /// From the first message finished to the moment the finished ones last caught up with the
+    /// published ones: the span a drain of a prefilled topic took, whatever the polling of
+    /// whoever waits for it. `None` before both happened.
+    pub fn finishing_span(&self) -> Option<Duration> {
+        let first = self.first_finish_us.load(Relaxed);
+        let last = self.caught_up_us.load(Relaxed);
+        (first != u64::MAX && last >= first).then(|| Duration::from_micros(last - first))
     }
 
     /// Messages published so far.

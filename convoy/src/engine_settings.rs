@@ -296,40 +296,52 @@ impl EngineSettings {
     ) -> Result<EngineSettings, ConfigError> {
         let mut table = toml::Table::new();
         for (name, value) in vars {
-            let Some(field) = name.strip_prefix("CONVOY_ENGINE_") else {
-                continue;
-            };
-            let field = field.to_ascii_lowercase();
-            let (section, key) = match (field.strip_prefix("retry_"), field.strip_prefix("back_pressure_")) {
-                (Some(key), _) => (Some("retry"), key.to_owned()),
-                (_, Some(key)) => (Some("back_pressure"), key.to_owned()),
-                _ => (None, field),
-            };
-            let value = value.trim();
-            let parsed = if let Ok(b) = value.parse::<bool>() {
-                toml::Value::Boolean(b)
-            } else if let Ok(n) = value.parse::<i64>() {
-                toml::Value::Integer(n)
-            } else if let Ok(f) = value.parse::<f64>() {
-                toml::Value::Float(f)
-            } else {
-                toml::Value::String(value.to_owned())
-            };
-            let target = match section {
-                Some(section) => table
-                    .entry(section)
-                    .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                    .as_table_mut()
-                    .ok_or_else(|| ConfigError::invalid(name.as_str(), "conflicts with another variable"))?,
-                None => &mut table,
-            };
-            target.insert(key, parsed);
+            // Each variable alone first, so that an error names the one to fix.
+            let mut alone = toml::Table::new();
+            Self::merge(&mut alone, name.clone(), value.clone())?;
+            toml::Value::Table(alone)
+                .try_into::<EngineSettings>()
+                .map_err(|e| ConfigError::invalid(name.as_str(), e.message().trim().replace('\n', " ")))?;
+            Self::merge(&mut table, name, value)?;
         }
         toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| {
                 ConfigError::invalid("CONVOY_ENGINE_*", e.message().trim().replace('\n', " "))
             })
+    }
+
+    /// Adds variable `name` to `table`, if it is one of the engine's.
+    fn merge(table: &mut toml::Table, name: String, value: String) -> Result<(), ConfigError> {
+        let Some(field) = name.strip_prefix("CONVOY_ENGINE_") else {
+            return Ok(());
+        };
+        let field = field.to_ascii_lowercase();
+        let (section, key) = match (field.strip_prefix("retry_"), field.strip_prefix("back_pressure_")) {
+            (Some(key), _) => (Some("retry"), key.to_owned()),
+            (_, Some(key)) => (Some("back_pressure"), key.to_owned()),
+            _ => (None, field),
+        };
+        let value = value.trim();
+        let parsed = if let Ok(b) = value.parse::<bool>() {
+            toml::Value::Boolean(b)
+        } else if let Ok(n) = value.parse::<i64>() {
+            toml::Value::Integer(n)
+        } else if let Ok(f) = value.parse::<f64>() {
+            toml::Value::Float(f)
+        } else {
+            toml::Value::String(value.to_owned())
+        };
+        let target = match section {
+            Some(section) => table
+                .entry(section)
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or_else(|| ConfigError::invalid(name.as_str(), "conflicts with another variable"))?,
+            None => table,
+        };
+        target.insert(key, parsed);
+        Ok(())
     }
 }
 
@@ -380,8 +392,17 @@ mod tests {
         let unknown =
             EngineSettings::from_vars([("CONVOY_ENGINE_MAX_INFLIGHT".into(), "8".into())]).unwrap_err();
         assert!(unknown.to_string().contains("max_inflight"), "{unknown}");
-        let bad = EngineSettings::from_vars([("CONVOY_ENGINE_DRAIN".into(), "all".into())]).unwrap_err();
+        assert!(
+            unknown.to_string().contains("CONVOY_ENGINE_MAX_INFLIGHT"),
+            "{unknown}"
+        );
+        let bad = EngineSettings::from_vars([
+            ("CONVOY_ENGINE_MAX_IN_FLIGHT".into(), "8".into()),
+            ("CONVOY_ENGINE_DRAIN".into(), "all".into()),
+        ])
+        .unwrap_err();
         assert!(bad.to_string().contains("all"), "{bad}");
+        assert!(bad.to_string().contains("CONVOY_ENGINE_DRAIN"), "{bad}");
     }
 
     #[test]

@@ -14,7 +14,10 @@ pub enum ConnectError {
         reason: String,
     },
     /// No backend knows this scheme.
-    #[error("unknown broker URL scheme `{0}://`: use memory:// (embedded) or kafka://host:port")]
+    #[error(
+        "unknown broker URL scheme `{0}://`: use memory:// (embedded), kafka://host:port, \
+         amqp://user:password@host:port (amqps:// with TLS) or nats://host:port"
+    )]
     UnknownScheme(String),
     /// The backend exists but was not compiled into this build.
     #[error("{scheme}:// support is not compiled in: enable the `{feature}` feature of the `convoy` crate")]

@@ -361,7 +361,7 @@ mod tests {
         assert!(!format!("{e:?}").contains("s3cret"));
         let shown = redact_url("amqp://app:s3cret@127.0.0.1:5672/%2f?topics=t");
         assert_eq!(shown, "amqp://app:<redacted>@127.0.0.1:5672/%2f?topics=t");
-        // A password with an unescaped `/` or `?` (issue 25): still never printed.
+        // A password with an unescaped `/` or `?`: still never printed.
         for url in [
             "amqp://app:s3/cret@127.0.0.1:5672/%2f?topics=t",
             "amqp://app:s3?cret@127.0.0.1:5672/%2f?topics=t",

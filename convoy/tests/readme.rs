@@ -47,7 +47,7 @@ async fn ledger(url: &str, topic: &str) -> Result<HashMap<String, i64>, Box<dyn 
         let entry = OutgoingMessage::new(format!("acct-{account}"), format!(r#"{{"cents":{cents}}}"#));
         publisher.publish(entry).await?;
     }
-    while running.stats().handled < 300 {
+    while running.stats().finished() < 300 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     running.stop().await?; // drains, commits the watermark, leaves the group

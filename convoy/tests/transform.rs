@@ -39,7 +39,7 @@ async fn doubler(url: &str, input: &str, output: &str) -> Result<Vec<Message>, B
             .publish(OutgoingMessage::new(format!("acct-{}", i % 30), i.to_string()))
             .await?;
     }
-    while running.stats().handled < 300 {
+    while running.stats().finished() < 300 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     running.stop().await?; // the last commit publishes what is left (on Kafka, in its transaction)

@@ -364,8 +364,6 @@ fn gauge(metrics: &str, name: &str) -> f64 {
 
 /// A second Ctrl-C aborts a drain that would otherwise wait for its timeout (30 s) behind
 /// messages taking a minute; and one message is one output line whatever its payload holds.
-/// A second Ctrl-C aborts a drain that would otherwise wait for its timeout (30 s) behind
-/// messages taking a minute; and one message is one output line whatever its payload holds.
 pub async fn second_ctrl_c(url: &str, topic: &str) {
     let (url, topic) = (url.to_owned(), topic.to_owned());
     let connection = convoy::connect(&url).await.unwrap();
@@ -437,6 +435,117 @@ pub async fn second_ctrl_c(url: &str, topic: &str) {
     assert!(lines[1].ends_with("key=k2 attempt=1 tab\\there"), "{stdout}");
 }
 
+/// `convoy consume | head -1`: once the reader of stdout has gone, the consumer stops at once,
+/// with exit status 0, having committed only what it printed. Nothing is dead-lettered, and
+/// what it could not print is handled by the next consumer.
+pub async fn closed_stdout(url: &str, topic: &str) {
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let publisher = connection.publisher(topic).unwrap();
+    publisher.publish(OutgoingMessage::new("k0", "m0")).await.unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["--url", url, "--log-format", "json", "consume"])
+        .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(child.id());
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.trim_end().ends_with("key=k0 attempt=1 m0"), "{first}");
+    drop(stdout); // as `head -1` does once it has its line
+                  // Published after the reader went: none of these can be printed.
+    for n in 1..20 {
+        publisher
+            .publish(OutgoingMessage::new(format!("k{}", n % 4), format!("m{n}")))
+            .await
+            .unwrap();
+    }
+    let status = wait_exit(&mut child);
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    std::mem::forget(guard); // exited and reaped: its pid may be reused
+    assert!(
+        status.success(),
+        "a closed stdout is not a failure: {status:?}\n{stderr}"
+    );
+    assert!(stderr.contains("stdout closed: stopping"), "{stderr}");
+    assert!(stderr.contains("stopped: 1 handled, 0 dead-lettered"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // Its log lines are JSON objects (--log-format json), without colours on a pipe.
+    let logged: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        logged
+            .iter()
+            .any(|l| l["level"] == "INFO" && l["fields"]["message"].is_string()),
+        "{stderr}"
+    );
+    assert!(!stderr.contains('\u{1b}'), "no colours on a pipe: {stderr}");
+
+    // The other 19 were never committed: the next consumer prints each of them once.
+    let output = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["--url", url, "consume", "--max-messages", "19"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut payloads: Vec<u32> = stdout
+        .lines()
+        .filter_map(|l| l.rsplit(" m").next()?.parse().ok())
+        .collect();
+    payloads.sort_unstable();
+    assert_eq!(payloads, (1..20).collect::<Vec<u32>>(), "{stdout}");
+    let listed = convoy(&["--url", url, "dlq", "list"]);
+    let said = String::from_utf8_lossy(&listed.stderr);
+    assert!(
+        said.lines().any(|l| l.starts_with("0 dead letters")),
+        "nothing is dead-lettered: {said}"
+    );
+}
+
+/// Listings whose reader closed stdout before the first line (`| head -0`) end quietly with
+/// exit status 0, never with a panic. `url` names the topic and its group.
+pub async fn listings_to_a_closed_stdout(url: &str) {
+    convoy::connect(url).await.unwrap().create_topics().await.unwrap();
+    for args in [
+        &["topic", "list"][..],
+        &["topic", "list", "--json"],
+        &["dlq", "list"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_convoy"))
+            .args(["--url", url])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "convoy {args:?} | head -0: {:?}\n{stderr}",
+            out.status
+        );
+        assert!(
+            !stderr.contains("panicked"),
+            "convoy {args:?} | head -0:\n{stderr}"
+        );
+    }
+}
+
 /// Kills the consumer if an assertion fails first, so no process outlives the test.
 pub struct KillOnDrop(pub u32);
 
@@ -505,6 +614,25 @@ pub fn topic_commands(url: &str, topic: &str, lists_groups: bool) {
     if lists_groups {
         assert_eq!(entry["groups"], serde_json::json!(["billing"]), "{entry}");
     }
+    // A topic made with 3 partitions is used as it is, without naming its count again.
+    let produced = convoy_with_input(&["--url", url, "--topic", topic, "produce"], b"k1\tv1\n");
+    assert!(
+        produced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&produced.stderr)
+    );
+    let consumed = ok(convoy(&[
+        "--url",
+        url,
+        "--topic",
+        topic,
+        "--group",
+        "billing",
+        "consume",
+        "--max-messages",
+        "1",
+    ]));
+    assert!(consumed.trim_end().ends_with("key=k1 attempt=1 v1"), "{consumed}");
     ok(convoy(&[
         "--url",
         url,
@@ -527,6 +655,39 @@ pub fn topic_commands(url: &str, topic: &str, lists_groups: bool) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // What does not exist is said so, and a typo creates nothing.
+    let missing = format!("{topic}-nosuch");
+    let deleted = convoy(&["--url", url, "topic", "delete", &missing]);
+    assert!(!deleted.status.success());
+    let said = String::from_utf8_lossy(&deleted.stderr);
+    assert!(
+        said.contains(&format!("topic {missing} does not exist")),
+        "{said}"
+    );
+    let typo = convoy(&["--url", url, "--topic", &missing, "consume"]);
+    assert!(!typo.status.success());
+    let said = String::from_utf8_lossy(&typo.stderr);
+    assert!(
+        said.contains(&format!("topic {missing} does not exist")),
+        "{said}"
+    );
+    assert!(said.contains("--create"), "{said}");
+    let listed = ok(convoy(&["--url", url, "topic", "list", "--json"]));
+    assert!(!listed.contains(&missing), "a typo created {missing}: {listed}");
+}
+
+/// Runs `convoy` with `input` on its stdin.
+pub fn convoy_with_input(args: &[&str], input: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
 }
 
 /// A broker outage under a running `convoy consume` is not passed in silence (issue 21, item
@@ -540,7 +701,9 @@ pub fn an_outage_is_logged(
     up: impl FnOnce(),
 ) {
     let mut consume = Command::new(env!("CARGO_BIN_EXE_convoy"));
-    consume.args(["--url", url, "consume"]).env_remove("RUST_LOG");
+    consume
+        .args(["--url", url, "consume", "--create"])
+        .env_remove("RUST_LOG");
     if let Ok(filter) = std::env::var("CONVOY_TEST_CHILD_LOG") {
         consume.env("RUST_LOG", filter); // to read what happened in a failure
     }

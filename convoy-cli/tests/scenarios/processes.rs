@@ -33,7 +33,7 @@ impl Member {
         let stderr = log.with_extension(format!("member-{n}.err"));
         Member(
             Command::new(env!("CARGO_BIN_EXE_convoy"))
-                .args(["--url", url, "consume", "--commit-interval-ms", "100"])
+                .args(["--url", url, "consume", "--create", "--commit-interval-ms", "100"])
                 .args(extra)
                 .stdout(Stdio::from(out))
                 .stderr(Stdio::from(std::fs::File::create(&stderr).unwrap()))

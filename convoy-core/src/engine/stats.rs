@@ -147,6 +147,15 @@ pub struct StatsSnapshot {
     pub stalled: Option<Stall>,
 }
 
+impl StatsSnapshot {
+    /// Messages finished, whatever the outcome: handled, dead-lettered, set aside behind a
+    /// parked key, or skipped as duplicates. What to wait on for "everything published so far
+    /// is done" (`handled` alone never gets there once one message is dead-lettered).
+    pub fn finished(&self) -> u64 {
+        self.handled + self.dead_lettered + self.parked + self.duplicates
+    }
+}
+
 impl EngineStats {
     pub fn new(shards: usize) -> Self {
         EngineStats {
@@ -215,5 +224,23 @@ impl EngineStats {
             s.active_lanes += shard.lanes.load(Relaxed);
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_counts_every_outcome_but_retries() {
+        let s = StatsSnapshot {
+            handled: 5,
+            dead_lettered: 2,
+            parked: 3,
+            duplicates: 1,
+            retries: 7,
+            ..StatsSnapshot::default()
+        };
+        assert_eq!(s.finished(), 11);
     }
 }

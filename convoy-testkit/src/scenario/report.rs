@@ -136,6 +136,10 @@ pub struct Measured<'a> {
     pub back_pressure: convoy_core::BackPressure,
 }
 
+/// The shortest span a throughput is computed from: a drain over in less than this was not
+/// timed, only counted (the clock's and the scheduler's granularity would make the figure up).
+pub const MIN_TIMED_S: f64 = 0.01;
+
 /// Latency before the handler, split at the engine's receipt (milliseconds).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Stages {
@@ -168,7 +172,11 @@ impl ScenarioReport {
         let ack = m.checker.ack_percentiles_us().unwrap_or_default();
         let latency = m.checker.latency_percentiles_us();
         let ms = |us: u64| us as f64 / 1000.0;
-        let throughput = m.messages as f64 / m.elapsed_s;
+        // A span too short for the clock to cover the work gives no throughput (null in JSON).
+        let throughput = match m.elapsed_s >= MIN_TIMED_S {
+            true => m.messages as f64 / m.elapsed_s,
+            false => f64::NAN,
+        };
         let mib = |bytes: usize| bytes as f64 / f64::from(1 << 20);
         let bound = m.back_pressure.total_bytes_high + m.back_pressure.prefetch_limit().bytes;
         let peak_rss = m.peak_rss_mb;
@@ -240,10 +248,19 @@ impl ScenarioReport {
         row("transport", self.transport.clone());
         row("messages / keys", format!("{} / {}", self.messages, self.keys));
         row("elapsed", format!("{:.3} s", self.elapsed_s));
-        row("throughput", format!("{:.0} msg/s", self.throughput_msg_s));
+        row(
+            "throughput",
+            match self.throughput_msg_s.is_finite() {
+                true => format!("{:.0} msg/s", self.throughput_msg_s),
+                false => format!(
+                    "not measured: {:.1} ms is too short to time (run more --messages)",
+                    self.elapsed_s * 1000.0
+                ),
+            },
+        );
         if let Some(r) = &self.reference {
             row(
-                "throughput ÷ the reference's",
+                "throughput ÷ target's",
                 format!(
                     "{:.2}× ({:.0} msg/s against {:.0})",
                     self.throughput_msg_s / r.throughput_msg_s,
@@ -257,7 +274,7 @@ impl ScenarioReport {
             held.latency_rows(&mut row, &mut notes, "at a held rate: ");
             if let Some(r) = &self.reference {
                 row(
-                    "at a held rate: p50 ÷ the reference's",
+                    "at a held rate: p50 ÷ target's",
                     format!(
                         "{:.2}× ({:.3} ms against {} ms)",
                         held.p50_ms / r.p50_ms,
@@ -269,7 +286,7 @@ impl ScenarioReport {
         }
         if let Some(r) = &self.reference {
             notes.push(format!(
-                "The reference: {} — {:.0} msg/s, p50 {} ms.",
+                "The target: {} — {:.0} msg/s, p50 {} ms.",
                 r.what, r.throughput_msg_s, r.p50_ms
             ));
         }
@@ -282,7 +299,13 @@ impl ScenarioReport {
             "baseline (bare client)",
             format!("{:.0} msg/s", self.baseline_throughput_msg_s),
         );
-        row("ratio to baseline", format!("{:.3}", self.ratio_to_baseline));
+        row(
+            "ratio to baseline",
+            match self.ratio_to_baseline.is_finite() {
+                true => format!("{:.3}", self.ratio_to_baseline),
+                false => "not measured".to_owned(),
+            },
+        );
         self.memory_rows(&mut row, &mut notes);
         row(
             "result",

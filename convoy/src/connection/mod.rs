@@ -95,6 +95,12 @@ impl Connection {
         self.with(|e| e.topics = topics.iter().map(|t| (*t).to_owned()).collect())
     }
 
+    /// The same broker, for topics of `partitions` partitions: to use topics that exist with
+    /// another count than the connection's (see [`Connection::list_topics`]).
+    pub fn with_partitions(&self, partitions: u32) -> Connection {
+        self.with(|e| e.partitions = partitions)
+    }
+
     /// The same broker with another dead-letter topic.
     pub fn with_dlq_topic(&self, topic: impl Into<String>) -> Connection {
         self.with(|e| e.dlq_topic = Some(topic.into()))
