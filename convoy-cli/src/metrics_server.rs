@@ -5,7 +5,7 @@
 //!   histograms with fixed buckets, so they add up across replicas;
 //! - `GET /healthz` — 200 while the process answers (alive);
 //! - `GET /readyz` — 200 once the engine runs, holds sources and its commits go through (or
-//!   failed for less than [`COMMITS_FAILING_AT_MOST`]); 503 with the reason otherwise;
+//!   failed for less than 30 s: `StatsSnapshot::readiness`); 503 with the reason otherwise;
 //! - `GET /lanes?top=N` — JSON: every source (watermark, committed, lag, held, window, paused),
 //!   the lanes whose head runs longest (attempts, last error) and the most queued keys;
 //! - anything else — 404, naming these.
@@ -28,9 +28,6 @@ use serde_json::json;
 
 /// How long a gauge nobody sets any more stays on the page.
 const GONE_AFTER: Duration = Duration::from_secs(30);
-
-/// Commits failing for longer than this make the member not ready.
-pub const COMMITS_FAILING_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Buckets of every `*_seconds` histogram: 100 µs to 60 s.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -161,22 +158,7 @@ fn readiness(snapshot: Option<&StatsSnapshot>) -> (StatusCode, serde_json::Value
             json!({"ready": false, "reason": "the engine has not started (connecting, joining the group)"}),
         );
     };
-    let reason = if s.sources == 0 {
-        Some(
-            "no sources assigned (joining the group, a rebalance, or more members than partitions)"
-                .to_owned(),
-        )
-    } else if let Some(stall) = s.stalled {
-        Some(format!(
-            "{} ({} s past its deadline)",
-            stall.on,
-            stall.overdue.as_secs()
-        ))
-    } else {
-        s.commits_failing_for
-            .filter(|failing| *failing > COMMITS_FAILING_AT_MOST)
-            .map(|failing| format!("commits have been failing for {} s", failing.as_secs()))
-    };
+    let reason = s.readiness().err();
     let status = match reason {
         None => StatusCode::OK,
         Some(_) => StatusCode::SERVICE_UNAVAILABLE,

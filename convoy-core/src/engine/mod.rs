@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 pub use inspect::{Inspection, Inspector, LaneView, SourceView};
-pub use stats::{Stall, StallOn, StatsSnapshot};
+pub use stats::{Stall, StallOn, StatsSnapshot, COMMITS_FAILING_AT_MOST};
 
 use self::intake::{Intake, IntakeParts};
 use self::lane::{LaneContext, ShardContext};

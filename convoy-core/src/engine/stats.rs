@@ -147,7 +147,37 @@ pub struct StatsSnapshot {
     pub stalled: Option<Stall>,
 }
 
+/// Commits failing for longer than this make a member not ready ([`StatsSnapshot::readiness`]).
+pub const COMMITS_FAILING_AT_MOST: Duration = Duration::from_secs(30);
+
 impl StatsSnapshot {
+    /// Whether this member is ready to be sent traffic, and why not: what a readiness probe
+    /// (Kubernetes' `readinessProbe`, the CLI's `/readyz`) answers. Not ready while it holds no
+    /// source (joining, a rebalance, more members than partitions), while it waits for anything
+    /// past its deadline ([`stalled`](Self::stalled)), and while commits have failed for longer
+    /// than [`COMMITS_FAILING_AT_MOST`].
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.sources == 0 {
+            return Err(
+                "no sources assigned (joining the group, a rebalance, or more members than partitions)"
+                    .to_owned(),
+            );
+        }
+        if let Some(stall) = self.stalled {
+            return Err(format!(
+                "{} ({} s past its deadline)",
+                stall.on,
+                stall.overdue.as_secs()
+            ));
+        }
+        match self.commits_failing_for {
+            Some(failing) if failing > COMMITS_FAILING_AT_MOST => {
+                Err(format!("commits have been failing for {} s", failing.as_secs()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Messages finished, whatever the outcome: handled, dead-lettered, set aside behind a
     /// parked key, or skipped as duplicates. What to wait on for "everything published so far
     /// is done" (`handled` alone never gets there once one message is dead-lettered).
@@ -242,5 +272,22 @@ mod tests {
             ..StatsSnapshot::default()
         };
         assert_eq!(s.finished(), 11);
+    }
+
+    #[test]
+    fn readiness_says_why_not() {
+        let mut s = StatsSnapshot::default();
+        assert!(s.readiness().unwrap_err().contains("no sources assigned"));
+        s.sources = 2;
+        assert_eq!(s.readiness(), Ok(()));
+        s.commits_failing_for = Some(Duration::from_secs(5));
+        assert_eq!(s.readiness(), Ok(()), "a short commit outage is ridden out");
+        s.commits_failing_for = Some(Duration::from_secs(31));
+        assert!(s.readiness().unwrap_err().contains("failing for 31 s"));
+        s.stalled = Some(Stall {
+            on: StallOn::ReadBack,
+            overdue: Duration::from_secs(4),
+        });
+        assert!(s.readiness().unwrap_err().contains("4 s past its deadline"));
     }
 }

@@ -75,7 +75,13 @@ impl Connection {
             }
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
-                let mut config = crate::backend::amqp::config_for(config, &self.endpoint, false)?;
+                // The groups' queues dead-letter where a consumer of `topic` will: the named
+                // dead-letter topic, the first consumed topic's, or else `topic`'s own.
+                let mut endpoint = self.endpoint.clone();
+                if endpoint.dlq_topic.is_none() && !endpoint.topics.iter().any(|t| t == topic) {
+                    endpoint.topics = vec![topic.to_owned()];
+                }
+                let mut config = crate::backend::amqp::config_for(config, &endpoint, false)?;
                 config.partitions = partitions;
                 convoy_amqp::admin::create_topic_alone(&config, topic, partitions).await?;
                 for group in &spec.groups {
