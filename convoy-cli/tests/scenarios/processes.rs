@@ -48,6 +48,20 @@ impl Member {
         std::fs::read_to_string(&self.1).unwrap_or_default()
     }
 
+    /// Waits (at most two minutes) until the member's engine runs — it was given a source, so
+    /// it listens for SIGINT and SIGTERM (a process signalled before that just dies).
+    pub fn wait_started(&self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.stderr().contains("source assigned") {
+            assert!(
+                Instant::now() < deadline,
+                "the member was given no source within 2 minutes:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends a signal (`INT`, `STOP`, `CONT`) to the process.
     pub fn signal(&self, name: &str) {
         let sent = Command::new("kill")
@@ -312,6 +326,7 @@ pub async fn rolling_restarts(url: &str, topic: &str, restarts: usize) -> usize 
         tokio::task::block_in_place(|| log.wait_handled(step * (restart + 1)));
         // The replacement joins while the stopping member drains: two rebalances overlap.
         let stopping = members.remove(0); // the oldest: running for a while
+        tokio::task::block_in_place(|| stopping.wait_started());
         stopping.signal("TERM");
         members.push(Member::start_with(url, &log.0, &work));
         let (status, stderr) = tokio::task::block_in_place(|| {
