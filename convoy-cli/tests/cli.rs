@@ -342,18 +342,6 @@ fn bad_input_lines_and_unsafe_replays_are_refused() {
 
 #[test]
 fn bad_lines_can_be_skipped_and_payloads_decoded() {
-    let produce = |input: &[u8], extra: &[&str]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
-            .args(["--url", "memory://", "--topic", "t", "produce"])
-            .args(extra)
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(input).unwrap();
-        child.wait_with_output().unwrap()
-    };
     let out = produce(
         b"k1\tv1\nno separator\nk2\tv2\n\nalso bad\n",
         &["--skip-bad-lines"],
@@ -398,15 +386,7 @@ fn memory_urls_say_they_live_inside_one_process() {
         &convoy(&["--url", "memory://", "--topic", "t", "consume"]),
         &["memory:// lives inside one process", "wait forever", "--url"],
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
-        .args(["--url", "memory://", "--topic", "t", "produce"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(b"k1\tv1\n").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = produce(b"k1\tv1\n", &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -417,18 +397,6 @@ fn memory_urls_say_they_live_inside_one_process() {
 
 #[test]
 fn input_errors_name_the_line_and_the_fix() {
-    let produce = |input: &[u8], extra: &[&str]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
-            .args(["--url", "memory://", "--topic", "t", "produce"])
-            .args(extra)
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(input).unwrap();
-        child.wait_with_output().unwrap()
-    };
     assert_one_line_error(
         &produce(b"k1\tv1\n\tno key\n", &[]),
         &["line 2", "empty key", "--keyless"],
@@ -504,4 +472,18 @@ fn lanes_watch_takes_no_value() {
     assert!(!out.status.success());
     assert!(!stderr.contains("a value is required"), "{stderr}");
     assert!(stderr.contains("127.0.0.1:1"), "{stderr}");
+}
+
+/// `convoy --url memory:// --topic t produce EXTRA…` with `input` on its stdin.
+fn produce(input: &[u8], extra: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["--url", "memory://", "--topic", "t", "produce"])
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
 }
