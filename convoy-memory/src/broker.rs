@@ -19,10 +19,8 @@ use bytes::Bytes;
 use convoy_core::partitioner::partition_for_key;
 use convoy_core::transform::{StagingOutbox, Transaction};
 use convoy_core::transport::{event_channel, EventReceiver, EventSender};
-use convoy_core::{
-    Assignment, Commit, Headers, Message, Offset, OutgoingMessage, Receipt, RevokeAck, SourceEvent, SourceId,
-    TransportError,
-};
+use convoy_core::transport::{Assignment, Commit, RevokeAck, SourceEvent};
+use convoy_core::{Headers, Message, Offset, OutgoingMessage, Receipt, SourceId, TransportError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -202,6 +200,12 @@ struct Group {
     /// Per partition: the committed position (every offset below it finished) and the finished
     /// offsets above it.
     committed: HashMap<TopicPartition, (Offset, Vec<Offset>)>,
+    /// Per partition: the token of its latest assignment. A commit carries the token of the
+    /// assignment it was computed for; one of an earlier assignment is refused (Kafka fences
+    /// a commit of an older generation), so a commit sent before a member lost a partition
+    /// and got it back never lands on the new assignment.
+    tokens: HashMap<TopicPartition, u64>,
+    last_token: u64,
 }
 
 struct Cursor {
@@ -224,6 +228,9 @@ struct Member {
     /// member is inside its revoke callback), so its generation goes stale until it has.
     generation: u64,
     revoking: usize,
+    /// How often its connection dropped: a loss releases what it was giving back, so a revoke
+    /// from before a loss no longer has anything to release.
+    losses: u64,
 }
 
 /// How a member joins.
@@ -281,6 +288,8 @@ struct PendingRevoke {
     deadline: Instant,
     ack: tokio::sync::oneshot::Receiver<()>,
     outbox: Option<Arc<StagingOutbox>>,
+    /// The member's losses when the revoke started.
+    losses: u64,
 }
 
 impl MemoryBroker {
@@ -492,6 +501,7 @@ impl MemoryBroker {
                     delivery_offsets,
                     generation: 0,
                     revoking: 0,
+                    losses: 0,
                 },
             );
             let g = state.groups.entry(group.to_owned()).or_default();
@@ -538,6 +548,7 @@ impl MemoryBroker {
                 return;
             };
             std::mem::take(&mut m.assigned);
+            m.losses += 1;
             let group = m.group.clone();
             // Everything it owns is lost, the partitions it is being asked to give back too.
             let mut lost = Vec::new();
@@ -596,11 +607,23 @@ impl MemoryBroker {
                             m.generation = groups.get(&m.group).map_or(m.generation, |g| g.generation);
                         }
                     }
-                }
-                if let Some(outbox) = &revoke.outbox {
-                    let sources: Vec<SourceId> =
-                        revoke.partitions.iter().map(|(t, p)| source_id(t, *p)).collect();
-                    outbox.released(&sources);
+                    // The staged outputs of what it gave back go — unless its connection
+                    // dropped meanwhile: the loss released them (in order with the member's
+                    // events), and the partitions may be assigned to it again by now, so
+                    // releasing them here would drop the new assignment's outputs while its
+                    // offsets commit. Under the state lock, as assignments take ownership.
+                    if let Some(outbox) = &revoke.outbox {
+                        let lost = members
+                            .get(&revoke.member)
+                            .is_none_or(|m| m.losses != revoke.losses);
+                        let still: Vec<SourceId> = if lost {
+                            Vec::new()
+                        } else {
+                            revoke.partitions.iter().map(|(t, p)| source_id(t, *p)).collect()
+                        };
+                        tracing::trace!(member = revoke.member, sources = ?still, acked, "revoke over: staging released");
+                        outbox.released(&still);
+                    }
                 }
                 if answer.is_err() && broker.state().members.contains_key(&revoke.member) {
                     broker.inner.missed_revokes.fetch_add(1, Relaxed);
@@ -702,12 +725,12 @@ impl MemoryBroker {
                 append(&mut state, &output.topic, output.message.clone(), gap_every)?;
             }
             self.record_commits(&mut state, member, &transaction.commits);
+            tracing::trace!(member, commits = ?transaction.commits, outputs = transaction.outputs.len(), "transaction committed");
         }
         self.inner.data.notify_waiters();
         Ok(())
     }
 
-    /// Refuses commits of partitions `member` does not own (or is not giving back).
     /// Refuses commits of partitions `member` does not own (or is not giving back), and of
     /// partitions it owns while its generation is stale: as Kafka, a commit inside a revoke
     /// (of the partitions being revoked) is taken; another waits until the member rejoined.
@@ -726,6 +749,12 @@ impl MemoryBroker {
                     )))
                 }
                 _ => return Err(TransportError::NotOwner(c.source.clone())),
+            }
+            if g.tokens.get(&tp) != Some(&c.token) {
+                return Err(TransportError::Unavailable(format!(
+                    "a commit of an earlier assignment of {}: the member lost it and was given it again since; not applied",
+                    c.source
+                )));
             }
         }
         Ok(())
@@ -798,10 +827,14 @@ impl MemoryBroker {
                         match event {
                             SourceEvent::Assigned(list) => {
                                 for a in list {
+                                    tracing::trace!(member = id, source = %a.source, "staging owns");
                                     outbox.assigned(&a.source, a.committed.map(|c| c + 1));
                                 }
                             }
-                            SourceEvent::Lost(sources) => outbox.released(sources),
+                            SourceEvent::Lost(sources) => {
+                                tracing::trace!(member = id, ?sources, "lost: staging released");
+                                outbox.released(sources)
+                            }
                             _ => {}
                         }
                     }
@@ -952,10 +985,13 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
                 if let Some(m) = members.get_mut(&target) {
                     m.assigned.insert(tp.clone(), Cursor { next, paused: false });
                     g.owners.insert(tp.clone(), Ownership::Owned(target));
+                    g.last_token += 1;
+                    g.tokens.insert(tp.clone(), g.last_token);
                     let mut assignment = Assignment {
                         finished_above,
                         ..Assignment::new(source_id(&tp.0, tp.1), next.checked_sub(1))
-                    };
+                    }
+                    .with_token(g.last_token);
                     if m.delivery_offsets {
                         assignment = assignment.with_delivery_offsets();
                     }
@@ -986,6 +1022,7 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
     for (member, partitions) in revoked {
         let (ack, rx) = RevokeAck::new();
         let outbox = members.get(&member).and_then(|m| m.outbox.clone());
+        let losses = members.get(&member).map_or(0, |m| m.losses);
         if let Some(m) = members.get_mut(&member) {
             m.revoking += 1;
             m.pending.push_back(SourceEvent::Revoked {
@@ -1002,6 +1039,7 @@ fn rebalance(state: &mut State, group: &str, rebalance_timeout: Duration) -> Vec
             deadline,
             ack: rx,
             outbox,
+            losses,
         });
     }
     for (member, list) in assigned {

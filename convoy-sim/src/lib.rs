@@ -20,7 +20,7 @@
 //! - [`oracle`]: the invariants checked against the broker after each step and at the end;
 //! - [`trace`]: the run's events with virtual timestamps, and their hash;
 //! - [`logs`]: the engine's log lines in a kept trace;
-//! - [`run`]: one seed on a fresh paused runtime.
+//! - [`run()`]: one seed on a fresh paused runtime.
 
 #![allow(missing_docs)] // a test tool, not a published crate: its items are documented where it helps
 

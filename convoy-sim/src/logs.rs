@@ -57,7 +57,8 @@ impl<'a> MakeWriter<'a> for LogWriter {
     }
 }
 
-/// Sends this thread's log lines (DEBUG and above, convoy's) into `trace` until the guard drops.
+/// Sends this thread's log lines (DEBUG and above, convoy's; `CONVOY_SIM_LOG` sets another
+/// filter, e.g. `convoy_core=trace`) into `trace` until the guard drops.
 pub fn capture(trace: &Trace) -> tracing::subscriber::DefaultGuard {
     let writer = LogWriter {
         lines: trace.lines_handle(),
@@ -68,7 +69,10 @@ pub fn capture(trace: &Trace) -> tracing::subscriber::DefaultGuard {
         .without_time()
         .with_ansi(false)
         .with_target(false)
-        .with_env_filter("convoy_core=debug,convoy_memory=debug")
+        .with_env_filter(
+            std::env::var("CONVOY_SIM_LOG")
+                .unwrap_or_else(|_| "convoy_core=debug,convoy_memory=debug".to_owned()),
+        )
         .finish();
     tracing::subscriber::set_default(subscriber)
 }

@@ -36,6 +36,9 @@ struct Args {
     /// loop under a paused clock never lets virtual time move).
     #[arg(long, default_value_t = 60)]
     hang_after_s: u64,
+    /// With --seeds: stop at the first seed that fails (a long hunt for one planted fault).
+    #[arg(long)]
+    first: bool,
 }
 
 fn main() {
@@ -120,12 +123,13 @@ fn hunt(from: u64, count: u64, args: &Args) -> i32 {
     let end = from.saturating_add(count);
     let started = Instant::now();
     let determinism_every = args.determinism_every;
+    let first = args.first;
     let workers: Vec<_> = (0..jobs)
         .map(|_| {
             let (next, failed, calls) = (next.clone(), failed.clone(), calls.clone());
             std::thread::spawn(move || loop {
                 let seed = next.fetch_add(1, SeqCst);
-                if seed >= end {
+                if seed >= end || (first && failed.load(SeqCst) > 0) {
                     return;
                 }
                 let Some(outcome) = run_guarded(seed, false, hang_after) else {
@@ -157,6 +161,8 @@ fn hunt(from: u64, count: u64, args: &Args) -> i32 {
     }
     let elapsed = started.elapsed();
     let failed = failed.load(SeqCst);
+    let count = next.load(SeqCst).min(end) - from;
+    let end = from + count;
     println!(
         "{count} seeds ({from}..{end}) in {:.1} s: {:.1} seeds/s on {jobs} threads, {} handler calls; {failed} failed",
         elapsed.as_secs_f64(),
