@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use convoy::dlq::{self, DeadLetterRecord, Selection};
+use convoy::dlq::{self, DeadLetterRecord};
 use convoy::{
     BatchConfig, BatchHandler, Connection, Engine, EngineBuilder, EngineConfig, EngineHandle, Handler,
     OutgoingMessage, RetryPolicy, StatsSnapshot,
@@ -161,7 +161,7 @@ impl Example {
 
     /// The dead letters of this run, with their reasons.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRecord>, Error> {
-        Ok(dlq::list(&self.connection, &Selection::default()).await?)
+        Ok(dlq::all(&self.connection).await?)
     }
 }
 
@@ -191,6 +191,11 @@ impl Running {
         tokio::time::timeout(Duration::from_secs(120), reached)
             .await
             .map_err(|_| format!("{}: {what}: not within 120 s ({:?})", self.name, stats.snapshot()).into())
+    }
+
+    /// The engine's counters, readable from anywhere (a health endpoint).
+    pub fn stats_reader(&self) -> convoy::StatsReader {
+        self.handle.stats_reader()
     }
 
     /// Stops gracefully (drains, commits, leaves); the final counters.

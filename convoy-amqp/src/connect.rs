@@ -130,7 +130,7 @@ async fn open(
 /// dead-letter read's close never returned); what the connection was for is done by then.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Closes `connection` with `reason`, giving up after [`CLOSE_TIMEOUT`].
+/// Closes `connection` with `reason`, giving up after `CLOSE_TIMEOUT`.
 pub async fn close(connection: &Connection, reason: &str) {
     match tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, reason.into())).await {
         Ok(Ok(())) => {}

@@ -49,9 +49,9 @@ use bytes::Bytes;
 use convoy_core::dead_letter::DL_CAUSE;
 use convoy_core::parking::CAUSE_END;
 use convoy_core::partitioner::partition_for_key;
+use convoy_core::transport::BatchSender;
 use convoy_core::{
-    BatchSender, DeadLetter, DeadLetterSink, Headers, Message, OutgoingMessage, Receipt, SourceId,
-    TransportError,
+    DeadLetter, DeadLetterSink, Headers, Message, OutgoingMessage, Receipt, SourceId, TransportError,
 };
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;

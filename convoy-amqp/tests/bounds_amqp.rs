@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use convoy_amqp::AmqpTransport;
 use convoy_core::transport::EventReceiver;
-use convoy_core::{SourceEvent, Transport};
+use convoy_core::transport::SourceEvent;
+use convoy_core::Transport;
 
 /// Far longer than any bounded call ([`convoy_amqp::error::CALL_TIMEOUT`]) plus a lease.
 const LIMIT: Duration = Duration::from_secs(90);

@@ -141,7 +141,8 @@ async fn foreign_messages_after_a_reconnect_are_handled_and_message_ids_deduplic
 /// would remove messages nobody handled. The control refuses it by the assignment's token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_of_an_earlier_channel_is_never_acknowledged_on_the_next() {
-    use convoy_core::{Commit, SourceEvent, Transport};
+    use convoy_core::transport::{Commit, SourceEvent};
+    use convoy_core::Transport;
     let Some(uri) = common::uri() else { return };
     let bed = common::AmqpBed::new(&uri, 1).await;
     let (proxy, through_proxy) = common::behind_proxy(&uri, &bed.config).await;

@@ -9,7 +9,8 @@ mod common;
 use std::time::Duration;
 
 use convoy_amqp::AmqpTransport;
-use convoy_core::{Commit, SourceEvent, Transport};
+use convoy_core::transport::{Commit, SourceEvent};
+use convoy_core::Transport;
 use convoy_testkit::conformance::TestBed;
 use convoy_testkit::ownership::partitions_spread_within_one_of_their_share;
 use convoy_testkit::probe::{decode_seq, publish_load};

@@ -5,10 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy::{
-    unique_suffix, ConnectError, Connection, DeadLetterSink, PrefetchLimit, Publisher, Subscription,
-    Transport, TransportError,
-};
+use convoy::transport::{PrefetchLimit, Subscription};
+use convoy::{unique_suffix, ConnectError, Connection, DeadLetterSink, Publisher, Transport, TransportError};
 use convoy_testkit::scenario::{RecordCheck, ScenarioBed};
 
 /// A benchmark topic on a connection's broker (fresh, or filled beforehand), with a group and a

@@ -24,24 +24,25 @@ pub struct Cli {
     /// Broker URL, e.g. memory://, kafka://127.0.0.1:9092?group=billing&topics=ledger (any
     /// librdkafka property may be added as a parameter, e.g. &security.protocol=ssl),
     /// 'amqp://guest:guest@127.0.0.1:5672/%2f' or nats://127.0.0.1:4222.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = BROKER)]
     pub url: Option<String>,
     /// TOML file with url, group, topics, dlq_topic, partitions and [properties].
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, help_heading = BROKER, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Consumer group.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = BROKER)]
     pub group: Option<String>,
     /// Topic to consume or publish to (repeat for several).
-    #[arg(long = "topic", global = true, value_name = "TOPIC")]
+    #[arg(long = "topic", global = true, help_heading = BROKER, value_name = "TOPIC")]
     pub topics: Vec<String>,
     /// Dead-letter topic (default: <first topic>.dlq).
-    #[arg(long, global = true, value_name = "TOPIC")]
+    #[arg(long, global = true, help_heading = BROKER, value_name = "TOPIC")]
     pub dlq_topic: Option<String>,
     /// Log lines as text, or as one JSON object each (for log collectors).
     #[arg(
         long,
         global = true,
+        help_heading = "Logging",
         value_enum,
         default_value = "text",
         value_name = "FORMAT"
@@ -51,6 +52,10 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// The heading of the broker connection's flags: given before or after the subcommand, they
+/// show last in every subcommand's help, apart from its own options.
+const BROKER: &str = "Broker connection (every command but lanes)";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -83,6 +88,11 @@ pub enum Command {
     /// Publish keyed messages: lines `KEY<TAB>PAYLOAD` from a file or stdin, or generated.
     Produce(ProduceArgs),
     /// Consume through lanes with a handler that prints source, offset, key and attempt.
+    ///
+    /// An offset is the message's position in its source: a Kafka offset, a RabbitMQ delivery
+    /// tag (counting this consumer's deliveries), or on NATS the stream sequence, which the
+    /// topic's partitions share — a partition's offsets skip the other partitions' messages,
+    /// and the gaps are not missing messages.
     Consume(ConsumeArgs),
     /// Inspect and replay dead letters.
     #[command(subcommand)]

@@ -107,7 +107,33 @@ fn forwarded(d: &Delivery, topic: &str) -> Output {
     Output::new(topic, copy)
 }
 
+/// A consumer whose engine runs.
+struct Started {
+    running: convoy::EngineHandle,
+    stdout_closed: Arc<tokio::sync::Notify>,
+}
+
 pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult {
+    // Listening before anything else: a signal while connecting or joining stops the start
+    // cleanly (nothing was handled, nothing is to be committed), and from then on no signal is
+    // lost (see `StopSignals`).
+    let mut signals = StopSignals::listen().map_err(|e| format!("cannot listen for SIGINT/SIGTERM: {e}"))?;
+    let Started {
+        running,
+        stdout_closed,
+    } = tokio::select! {
+        started = start(config, args) => started?,
+        signal = signals.next() => {
+            eprintln!("{signal} while starting: stopped before consuming anything");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let stopper = running.stopper();
+    until_stopped(running, stopper, stdout_closed, signals).await
+}
+
+/// Connects, builds the engine and starts it.
+async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, crate::CliError> {
     let connection = connect(config).await?;
     if connection.endpoint().topics.is_empty() {
         return Err("name the topics to consume with --topic (or ?topics= in the URL)".into());
@@ -174,13 +200,23 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
                 .into(),
         );
     }
-    // Listening before the engine starts: from here on no signal is lost (see `StopSignals`).
-    let mut signals = StopSignals::listen().map_err(|e| format!("cannot listen for SIGINT/SIGTERM: {e}"))?;
     let running = engine.start(&connection).await.map_err(|e| e.to_string())?;
     if let Some(endpoint) = &endpoint {
         endpoint.engine_started(running.stats_reader(), running.inspector());
     }
-    let stopper = running.stopper();
+    Ok(Started {
+        running,
+        stdout_closed,
+    })
+}
+
+/// Runs until the engine stops: a signal, a closed stdout, `--max-messages`.
+async fn until_stopped(
+    running: convoy::EngineHandle,
+    stopper: convoy::Stopper,
+    stdout_closed: Arc<tokio::sync::Notify>,
+    mut signals: StopSignals,
+) -> crate::CliResult {
     let join = running.join();
     tokio::pin!(join);
     let mut aborted_by = None;

@@ -487,3 +487,33 @@ fn produce(input: &[u8], extra: &[&str]) -> Output {
     child.stdin.take().unwrap().write_all(input).unwrap();
     child.wait_with_output().unwrap()
 }
+
+/// Ctrl-C while `consume` is still connecting (a broker that accepts and never answers) stops
+/// it cleanly — exit 0, saying nothing was consumed — instead of killing it by the signal.
+#[test]
+fn a_signal_while_starting_stops_cleanly() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let url = format!("nats://127.0.0.1:{port}?topics=t&group=g");
+    let child = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["--url", &url, "consume"])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It connects only after it listens for signals: once it connected, it is listening.
+    let (_connection, _) = silent.accept().unwrap();
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(
+        stderr.contains("SIGINT while starting: stopped before consuming anything"),
+        "{stderr}"
+    );
+}

@@ -250,8 +250,11 @@ pub struct EngineConfig {
     /// after them is taken or committed, so the next consumer starts right there. `None`
     /// (default): no limit.
     pub max_messages: Option<u64>,
-    /// Dead-letter a source's lowest unfinished message (reason `stuck`) after this long;
-    /// `None` (default) disables the check.
+    /// Dead-letter a source's lowest unfinished message (reason `stuck`) after this long, so
+    /// a handler that hangs holds neither its key nor the commit forever: its key goes on with
+    /// the next message (the hung call is left to finish, detached; its result is ignored).
+    /// Default 5 minutes; `None` keeps waiting (a lane that blocks on purpose, with
+    /// [`OnExhausted::BlockLane`](crate::OnExhausted::BlockLane), wants that).
     pub stuck_timeout: Option<Duration>,
     /// Back-pressure bounds.
     pub back_pressure: BackPressure,
@@ -268,6 +271,9 @@ pub struct EngineConfig {
     /// [`parking`](crate::parking)). Needs a dead-letter sink that reads back.
     pub park_keys: bool,
 }
+
+/// How long a source's lowest unfinished message may stay unfinished by default.
+pub const DEFAULT_STUCK_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -288,7 +294,7 @@ impl Default for EngineConfig {
             drain: Drain::InFlight,
             shutdown_timeout: Duration::from_secs(25),
             max_messages: None,
-            stuck_timeout: None,
+            stuck_timeout: Some(DEFAULT_STUCK_TIMEOUT),
             back_pressure: BackPressure::default(),
             keyless: KeylessPolicy::PerSource,
             max_payload_bytes: None,

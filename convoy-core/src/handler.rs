@@ -47,14 +47,31 @@ impl Delivery {
         &self.message
     }
 
-    /// The correlation key, if any.
+    /// The correlation key, if any (as [`Message::key`]).
     pub fn key(&self) -> Option<&Bytes> {
-        self.message.key.as_ref()
+        self.message.key()
+    }
+
+    /// The key as text: `None` when there is none or it is not UTF-8 (as [`Message::key_str`]).
+    pub fn key_str(&self) -> Option<&str> {
+        self.message.key_str()
+    }
+
+    /// The key as lossy UTF-8, `<none>` without one: for logs (as [`Message::key_display`]).
+    pub fn key_display(&self) -> std::borrow::Cow<'_, str> {
+        self.message.key_display()
     }
 
     /// The payload bytes.
     pub fn payload(&self) -> &Bytes {
         &self.message.payload
+    }
+
+    /// The payload as text; one that is not UTF-8 is a malformed message (dead-lettered with
+    /// reason `malformed`, never retried): `let text = delivery.payload_str()?;`.
+    pub fn payload_str(&self) -> Result<&str, HandlerError> {
+        std::str::from_utf8(&self.message.payload)
+            .map_err(|e| HandlerError::caused_by(ErrorClass::Malformed, e))
     }
 
     /// The headers.

@@ -58,10 +58,6 @@ pub use idempotency::{IdempotencyStore, MemoryIdempotencyStore};
 pub use message::{EventId, Headers, Message, Offset, OutgoingMessage, SourceId, EVENT_ID_HEADER};
 pub use retry::{Backoff, Jitter, OnExhausted, RetryPolicy};
 pub use trace_context::TraceContext;
-pub use transform::{transform_fn, Outbox, Output, OutputGuarantee, PublishingOutbox, Transform};
-pub use transport::{
-    event_channel, Assignment, BatchSender, Commit, Departure, EventReceiver, EventSender, Lease,
-    PrefetchLimit, Publisher, Receipt, RevokeAck, SourceControl, SourceEvent, Subscription, Transport,
-    TransportError,
-};
+pub use transform::{transform_fn, Output, OutputGuarantee, Transform};
+pub use transport::{Publisher, Receipt, Transport, TransportError};
 pub use typed::{typed, Codec, Json};

@@ -174,6 +174,16 @@ impl Message {
         IdRef::of(self).to_owned()
     }
 
+    /// The key, if any — read the same on a [`Delivery`](crate::Delivery).
+    pub fn key(&self) -> Option<&Bytes> {
+        self.key.as_ref()
+    }
+
+    /// The key as text: `None` when there is none or it is not UTF-8.
+    pub fn key_str(&self) -> Option<&str> {
+        self.key.as_deref().and_then(|k| std::str::from_utf8(k).ok())
+    }
+
     /// The key that orders this message: its key, unless it has none or an empty one. Some
     /// producers send `""` for "no key"; treating it as a key would make one lane of every such
     /// message across all sources, so it follows the keyless policy instead.

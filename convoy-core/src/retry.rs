@@ -138,6 +138,18 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// This policy, giving up after `attempts` attempts in total (the first try counts).
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// This policy, retrying until an attempt works (or another limit is reached).
+    pub fn with_unlimited_attempts(mut self) -> Self {
+        self.max_attempts = None;
+        self
+    }
+
     /// The default policy with `backoff` between attempts.
     pub fn with_backoff(backoff: Backoff) -> Self {
         RetryPolicy {
@@ -162,7 +174,7 @@ impl RetryPolicy {
         if self.max_attempts == Some(0) {
             return Err(ConfigError::invalid(
                 format!("{field}.max_attempts"),
-                "must be ≥ 1 (the first try counts), or None for no limit",
+                "must be ≥ 1 (the first try counts); for no limit, None (in settings: \"unlimited\")",
             ));
         }
         if self.attempt_timeout == Some(Duration::ZERO) {

@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
-use convoy_core::{
-    DeadLetterSink, PrefetchLimit, Publisher, SourceEvent, Subscription, Transport, TransportError,
-};
+use convoy_core::transport::{PrefetchLimit, SourceEvent, Subscription};
+use convoy_core::{DeadLetterSink, Publisher, Transport, TransportError};
 use convoy_kafka::{admin, baseline, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::probe::{unix_micros, Latency};
 use convoy_testkit::scenario::{

@@ -532,7 +532,7 @@ impl Prefetch {
     pub const MAX_BATCH: usize = 500;
 
     /// Divides `limit` over `partitions` partitions.
-    pub fn divide(limit: convoy_core::PrefetchLimit, partitions: usize) -> Self {
+    pub fn divide(limit: convoy_core::transport::PrefetchLimit, partitions: usize) -> Self {
         let partitions = partitions.max(1);
         let partition_messages = (limit.messages / partitions).clamp(1, 10_000_000);
         let partition_bytes = (limit.bytes / partitions).max(1024);
@@ -565,7 +565,7 @@ mod tests {
         assert_eq!(c.newest_offset_timeout(), std::time::Duration::from_millis(1_050));
         assert_eq!(
             c.bounded_consumer_config(&Prefetch::divide(
-                convoy_core::PrefetchLimit {
+                convoy_core::transport::PrefetchLimit {
                     messages: 100,
                     bytes: 1 << 20
                 },
@@ -716,7 +716,7 @@ mod tests {
 
     #[test]
     fn prefetch_follows_the_budget_whatever_the_partition_count() {
-        let limit = convoy_core::PrefetchLimit {
+        let limit = convoy_core::transport::PrefetchLimit {
             messages: 16_000,
             bytes: 64 << 20,
         };

@@ -5,9 +5,8 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use convoy_core::{
-    BatchSender, DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, TransportError,
-};
+use convoy_core::transport::BatchSender;
+use convoy_core::{DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, TransportError};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};

@@ -10,7 +10,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use convoy_core::{Commit, Engine, EngineError, SourceEvent, Transport};
+use convoy_core::transport::{Commit, SourceEvent};
+use convoy_core::{Engine, EngineError, Transport};
 use convoy_kafka::convert::source_id;
 use convoy_kafka::KafkaTransport;
 use convoy_testkit::conformance::test_config;

@@ -8,7 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use convoy_core::{Commit, SourceEvent, Transport};
+use convoy_core::transport::{Commit, SourceEvent};
+use convoy_core::Transport;
 use convoy_kafka::convert::source_id;
 use convoy_kafka::KafkaTransport;
 

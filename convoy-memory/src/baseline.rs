@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use convoy_core::{Message, SourceEvent, Transport};
+use convoy_core::transport::SourceEvent;
+use convoy_core::{Message, Transport};
 
 use crate::broker::MemoryBroker;
 use crate::transport::MemoryTransport;

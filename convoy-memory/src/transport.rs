@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use convoy_core::transform::{Outbox, StagingOutbox, DEFAULT_MAX_TRANSACTION_BYTES};
+use convoy_core::transport::{Commit, PrefetchLimit, SourceControl, Subscription};
 use convoy_core::{
-    Commit, DeadLetter, DeadLetterSink, Message, Offset, OutgoingMessage, PrefetchLimit, Publisher, Receipt,
-    SourceControl, SourceId, Subscription, Transport, TransportError,
+    DeadLetter, DeadLetterSink, Message, Offset, OutgoingMessage, Publisher, Receipt, SourceId, Transport,
+    TransportError,
 };
 
 use crate::broker::{Joining, MemoryBroker};
@@ -128,6 +129,21 @@ impl SourceControl for MemoryControl {
 
     async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
         self.broker.last_offsets(sources)
+    }
+
+    /// The newest offset minus the committed one; 0 on an empty partition.
+    async fn backlogs(&self, sources: &[(SourceId, Option<Offset>)]) -> Vec<Option<u64>> {
+        let ids: Vec<SourceId> = sources.iter().map(|(id, _)| id.clone()).collect();
+        let newest = self.broker.last_offsets(&ids);
+        sources
+            .iter()
+            .zip(newest)
+            .map(|((_, committed), newest)| {
+                Some(newest.map_or(0, |newest| {
+                    convoy_core::transport::backlog_between(*committed, newest)
+                }))
+            })
+            .collect()
     }
 
     /// An offset map, except for a member committing in transactions: an input finished above

@@ -42,9 +42,9 @@ use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_trait::async_trait;
 use convoy_core::partitioner::partition_for_key;
+use convoy_core::transport::BatchSender;
 use convoy_core::{
-    BatchSender, DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, SourceId, TransportError,
-    EVENT_ID_HEADER,
+    DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, SourceId, TransportError, EVENT_ID_HEADER,
 };
 use tokio::sync::OnceCell;
 

@@ -9,7 +9,8 @@ mod common;
 
 use std::time::Duration;
 
-use convoy_core::{Commit, SourceEvent, SourceId, Transport, TransportError};
+use convoy_core::transport::{Commit, SourceEvent};
+use convoy_core::{SourceId, Transport, TransportError};
 use convoy_nats::{topology, NatsTransport};
 use convoy_testkit::conformance::TestBed;
 use convoy_testkit::ownership::partitions_spread_within_one_of_their_share;
@@ -36,7 +37,10 @@ async fn partitions_spread_over_the_members_within_one_of_their_share() {
 }
 
 /// Reads `n` messages of a raw subscription: (source, offset, probe sequence).
-async fn read(subscription: &mut convoy_core::Subscription, n: usize) -> Vec<(SourceId, u64, u64)> {
+async fn read(
+    subscription: &mut convoy_core::transport::Subscription,
+    n: usize,
+) -> Vec<(SourceId, u64, u64)> {
     let mut seen = Vec::new();
     while seen.len() < n {
         match tokio::time::timeout(Duration::from_secs(30), subscription.events.recv())

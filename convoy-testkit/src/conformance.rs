@@ -15,10 +15,10 @@ use bytes::Bytes;
 use convoy_core::dead_letter::{
     DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
+use convoy_core::transport::{Commit, SourceEvent, Subscription};
 use convoy_core::{
-    typed, BatchConfig, Commit, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler,
-    HandlerError, Message, Offset, OutgoingMessage, Publisher, Receipt, SourceEvent, SourceId, Subscription,
-    Transport, TransportError,
+    typed, BatchConfig, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle, Handler, HandlerError,
+    Message, Offset, OutgoingMessage, Publisher, Receipt, SourceId, Transport, TransportError,
 };
 
 use crate::checker::{CheckReport, OrderChecker};

@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy_core::{
-    DeadLetterSink, Message, Offset, PrefetchLimit, Publisher, SourceId, Subscription, TransportError,
-};
+use convoy_core::transport::{PrefetchLimit, Subscription};
+use convoy_core::{DeadLetterSink, Message, Offset, Publisher, SourceId, TransportError};
 use convoy_memory::baseline::bare_drain_rate;
 use convoy_memory::{MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
 

@@ -78,7 +78,11 @@ async fn parked_keys(bed: &dyn TestBed) -> ParkedKeys {
     }
 }
 
-fn start(bed: &dyn TestBed, ledger: &Arc<Ledger>, subscription: convoy_core::Subscription) -> EngineHandle {
+fn start(
+    bed: &dyn TestBed,
+    ledger: &Arc<Ledger>,
+    subscription: convoy_core::transport::Subscription,
+) -> EngineHandle {
     let mut config = test_config(bed.group());
     config.park_keys = true;
     conformance::start(bed.dead_letter_sink(), ledger.clone(), config, subscription)

@@ -10,10 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use convoy_core::transport::{event_channel, EventSender};
-use convoy_core::{
-    Assignment, Commit, Headers, Message, Offset, RevokeAck, SourceControl, SourceEvent, SourceId,
-    Subscription, TransportError,
-};
+use convoy_core::transport::{Assignment, Commit, RevokeAck, SourceControl, SourceEvent, Subscription};
+use convoy_core::{Headers, Message, Offset, SourceId, TransportError};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 

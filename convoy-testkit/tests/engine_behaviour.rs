@@ -737,7 +737,7 @@ async fn a_thousand_keys_failing_forever_do_not_starve_the_healthy_ones() {
 /// none — it would jump backwards on every reconnect — while a log's source shows its own.
 #[tokio::test(start_paused = true)]
 async fn a_watermark_that_is_no_log_position_is_not_exported() {
-    use convoy_core::{Assignment, SourceEvent};
+    use convoy_core::transport::{Assignment, SourceEvent};
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);

@@ -14,9 +14,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use convoy_core::dead_letter::DL_CAUSE;
+use convoy_core::transport::SourceEvent;
 use convoy_core::{
     handler_fn, DeadLetter, DeadLetterSink, Delivery, Engine, EngineConfig, EngineError, Handler,
-    HandlerError, KeylessPolicy, OutgoingMessage, Publisher, SourceEvent, TransportError,
+    HandlerError, KeylessPolicy, OutgoingMessage, Publisher, TransportError,
 };
 use convoy_testkit::conformance::{test_config, TestBed};
 use convoy_testkit::memory::{MemoryBed, MemoryTarget};
@@ -478,7 +479,8 @@ async fn an_info_subscriber_sees_no_per_message_span() {
 /// are skipped.
 #[tokio::test(start_paused = true)]
 async fn delivery_offsets_never_identify_a_message_log_positions_do() {
-    use convoy_core::{Assignment, SourceId};
+    use convoy_core::transport::Assignment;
+    use convoy_core::SourceId;
     use convoy_testkit::script::message;
     for log_positions in [false, true] {
         let (script, subscription) = scripted(None);

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
+use convoy_core::transport::{Assignment, Lease, SourceEvent};
 use convoy_core::{
-    handler_fn, Assignment, Delivery, Engine, EngineConfig, EngineError, EngineHandle, Handler, HandlerError,
-    Lease, SourceEvent, SourceId,
+    handler_fn, Delivery, Engine, EngineConfig, EngineError, EngineHandle, Handler, HandlerError, SourceId,
 };
 use convoy_testkit::conformance::{test_config, TestBed};
 use convoy_testkit::memory::MemoryTarget;

@@ -87,6 +87,35 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// Every dead letter.
+    pub fn any() -> Self {
+        Selection::default()
+    }
+
+    /// The dead letters of `key`.
+    pub fn key(key: impl Into<String>) -> Self {
+        Selection::any().or_key(key)
+    }
+
+    /// … of `key` too.
+    pub fn or_key(mut self, key: impl Into<String>) -> Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    /// … whose cause, error class or error message contains `text` (`"retries-exhausted"`,
+    /// `"terminal"`, a word of the error).
+    pub fn reason(mut self, text: impl Into<String>) -> Self {
+        self.reason = Some(text.into());
+        self
+    }
+
+    /// … at these offsets of the dead-letter topic.
+    pub fn offsets(mut self, offsets: RangeInclusive<u64>) -> Self {
+        self.offsets = Some(offsets);
+        self
+    }
+
     /// True when `record` is selected.
     pub fn matches(&self, record: &DeadLetterRecord) -> bool {
         let key_ok = self.keys.is_empty()
@@ -119,6 +148,21 @@ pub fn parse_offsets(text: &str) -> Result<RangeInclusive<u64>, String> {
         Some((a, b)) => Ok(number(a)?..=number(b.trim_start_matches('='))?),
         None => number(text).map(|o| o..=o),
     }
+}
+
+/// Every dead letter in `connection`'s dead-letter topic, in order, with its reason (the
+/// markers of parked keys' replays left out).
+///
+/// ```no_run
+/// # async fn demo(connection: &convoy::Connection) -> Result<(), convoy::ConnectError> {
+/// for record in convoy::dlq::all(connection).await? {
+///     println!("{} {}: {}", record.message.key_display(), record.cause, record.error);
+/// }
+/// let failed = convoy::dlq::list(connection, &convoy::dlq::Selection::key("acct-7").reason("terminal")).await?;
+/// # Ok(()) }
+/// ```
+pub async fn all(connection: &Connection) -> Result<Vec<DeadLetterRecord>, ConnectError> {
+    list(connection, &Selection::any()).await
 }
 
 /// The dead letters in `connection`'s dead-letter topic that `selection` picks (the markers

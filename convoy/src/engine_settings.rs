@@ -8,10 +8,10 @@
 //! drain = "in-flight"          # or "buffered"
 //! drain_timeout_ms = 15000
 //! shutdown_timeout_ms = 25000
-//! stuck_timeout_ms = 60000
+//! stuck_timeout_ms = 300000    # the default; "unlimited" lets a hung handler hold its key
 //! keyless = "per-source"       # "unordered", "dead-letter"
 //! [engine.retry]
-//! max_attempts = 10
+//! max_attempts = 10           # the default; "unlimited" retries until it works
 //! base_ms = 100
 //! factor = 2.0
 //! cap_ms = 30000
@@ -79,8 +79,8 @@ pub enum OnExhaustedSetting {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RetrySettings {
-    /// Attempts in total (first included); 0 means no limit.
-    pub max_attempts: Option<u32>,
+    /// Attempts in total (first included), or `"unlimited"`.
+    pub max_attempts: Option<Limit>,
     /// Give up this long after the first failure (ms).
     pub max_elapsed_ms: Option<u64>,
     /// Each attempt's time limit (ms).
@@ -95,6 +95,58 @@ pub struct RetrySettings {
     pub jitter: Option<JitterSetting>,
     /// What a message that exhausted its retries does.
     pub on_exhausted: Option<OnExhaustedSetting>,
+}
+
+/// A limit that can be lifted: a number, or the word `"unlimited"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// This many (milliseconds, attempts: as the setting says).
+    At(u64),
+    /// No limit.
+    Unlimited,
+}
+
+impl Limit {
+    /// The number, or `None` when unlimited.
+    pub fn number(self) -> Option<u64> {
+        match self {
+            Limit::At(n) => Some(n),
+            Limit::Unlimited => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Limit {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Limit;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number, or \"unlimited\"")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Limit, E> {
+                Ok(Limit::At(n))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Limit, E> {
+                u64::try_from(n)
+                    .map(Limit::At)
+                    .map_err(|_| E::custom(format!("{n} is negative: give a number ≥ 0, or \"unlimited\"")))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, word: &str) -> Result<Limit, E> {
+                match word {
+                    "unlimited" => Ok(Limit::Unlimited),
+                    other => Err(E::custom(format!(
+                        "{other:?} is not a limit: give a number, or \"unlimited\""
+                    ))),
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// `[engine.back_pressure]`: the high and low water marks.
@@ -137,8 +189,8 @@ pub struct EngineSettings {
     pub drain_timeout_ms: Option<u64>,
     /// The whole shutdown's limit (ms).
     pub shutdown_timeout_ms: Option<u64>,
-    /// Dead-letter a message handled longer than this (ms) as stuck.
-    pub stuck_timeout_ms: Option<u64>,
+    /// Dead-letter a message unfinished longer than this (ms) as stuck, or `"unlimited"`.
+    pub stuck_timeout_ms: Option<Limit>,
     /// Commit at least this often (ms).
     pub commit_interval_ms: Option<u64>,
     /// … and after this many finished messages.
@@ -246,7 +298,9 @@ impl EngineSettings {
         });
         set(&mut config.drain_timeout, self.drain_timeout_ms, ms);
         set(&mut config.shutdown_timeout, self.shutdown_timeout_ms, ms);
-        set(&mut config.stuck_timeout, self.stuck_timeout_ms, |v| Some(ms(v)));
+        set(&mut config.stuck_timeout, self.stuck_timeout_ms, |v| {
+            v.number().map(ms)
+        });
         set(&mut config.commit_interval, self.commit_interval_ms, ms);
         set(&mut config.commit_every, self.commit_every, |n| n);
         set(&mut config.commit_timeout, self.commit_timeout_ms, ms);
@@ -260,7 +314,17 @@ impl EngineSettings {
         set(&mut config.park_keys, self.park_keys, |p| p);
         let r = &self.retry;
         let retry = &mut config.retry;
-        set(&mut retry.max_attempts, r.max_attempts, |n| (n > 0).then_some(n));
+        if let Some(Limit::At(n)) = r.max_attempts {
+            if u32::try_from(n).is_err() {
+                return Err(ConfigError::invalid(
+                    "retry.max_attempts",
+                    format!("{n} is too many: at most {}, or \"unlimited\"", u32::MAX),
+                ));
+            }
+        }
+        set(&mut retry.max_attempts, r.max_attempts, |v| {
+            v.number().map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        });
         set(&mut retry.max_elapsed, r.max_elapsed_ms, |v| Some(ms(v)));
         set(&mut retry.attempt_timeout, r.attempt_timeout_ms, |v| Some(ms(v)));
         set(&mut retry.backoff.base, r.base_ms, ms);
@@ -369,6 +433,28 @@ mod tests {
         );
         assert_eq!(config.commit_every, 7);
         assert_eq!(config.group, "billing");
+    }
+
+    #[test]
+    fn limits_take_a_number_or_unlimited() {
+        let settings: EngineSettings =
+            toml::from_str("stuck_timeout_ms = \"unlimited\"\n[retry]\nmax_attempts = \"unlimited\"\n")
+                .unwrap();
+        let mut config = EngineConfig::for_group("billing");
+        assert!(config.stuck_timeout.is_some() && config.retry.max_attempts.is_some());
+        settings.apply(&mut config).unwrap();
+        assert_eq!((config.stuck_timeout, config.retry.max_attempts), (None, None));
+
+        let vars = [("CONVOY_ENGINE_RETRY_MAX_ATTEMPTS".into(), "unlimited".into())];
+        let settings = EngineSettings::from_vars(vars).unwrap();
+        assert_eq!(settings.retry.max_attempts, Some(Limit::Unlimited));
+
+        let typo = toml::from_str::<EngineSettings>("[retry]\nmax_attempts = \"infinite\"\n").unwrap_err();
+        assert!(typo.to_string().contains("\"unlimited\""), "{typo}");
+        let zero: EngineSettings = toml::from_str("[retry]\nmax_attempts = 0\n").unwrap();
+        let error = zero.apply(&mut EngineConfig::for_group("billing")).unwrap_err();
+        assert_eq!(error.field(), "retry.max_attempts", "{error}");
+        assert!(error.to_string().contains("unlimited"), "{error}");
     }
 
     #[test]

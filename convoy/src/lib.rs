@@ -20,20 +20,36 @@
 //! # Ok(()) }
 //! ```
 //!
-//! - [`connect`] / [`ConnectConfig`]: URL, TOML file and `CONVOY_*` settings → a [`Connection`];
-//! - [`EngineSettings`]: the engine's settings from the same file (`[engine]`) and
-//!   `CONVOY_ENGINE_*`, applied by [`Connection::engine_config`];
-//! - [`Connection`]: subscribe, publish, dead-letter sink, topics, baseline;
-//! - [`dlq`]: list dead letters with their reasons and replay selected ones;
-//! - [`unique_suffix`]: fresh topic and group names on a shared broker;
-//! - [`run_until_signalled`], [`shutdown_signal`], [`StopSignals`]: SIGINT and SIGTERM as a
-//!   graceful stop (`docker stop`, Kubernetes), a second one aborting the drain;
-//! - everything of `convoy-core` (engine, handlers, retry, dead letters, transport contract).
+//! Handler authors need little more than `use convoy::prelude::*;` ([`prelude`]). The crate,
+//! by what you came for:
 //!
-//! Features: `memory` (the embedded broker, `memory://`), `kafka` (`kafka://`), `amqp`
-//! (RabbitMQ, `amqp://`) and `nats` (`nats://`), all default; `amqp-tls` adds `amqps://`,
-//! `kafka-tls` (or `kafka-tls-vendored`) Kafka's TLS and SASL, `kafka-zstd` zstd, `nats-nkeys`
-//! NATS credentials files and nkeys.
+//! - **Connect**: [`connect`] / [`ConnectConfig`] (URL, TOML file and `CONVOY_*` settings) → a
+//!   [`Connection`]: subscribe, publish, dead-letter sink, topics, baseline;
+//!   [`EngineSettings`]: the engine's settings from the same file (`[engine]`) and
+//!   `CONVOY_ENGINE_*`, applied by [`Connection::engine_config`].
+//! - **Handle**: [`handler_fn`], [`Handler`], [`Delivery`], [`HandlerError`] and [`ErrorClass`];
+//!   [`typed`](fn@typed) decodes payloads with serde; [`batch_fn`] takes the heads of many keys
+//!   in one call; [`transform_fn`] publishes [`Output`]s with (or before) the commit of their
+//!   input.
+//! - **Run**: [`Engine`] and its [`EngineConfig`] ([`RetryPolicy`], [`BackPressure`],
+//!   [`KeylessPolicy`], [`Drain`]); [`EngineHandle`] while it runs: [`StatsSnapshot`] (with
+//!   [`readiness`](StatsSnapshot::readiness), what a `/readyz` answers), [`Inspector`] (lanes,
+//!   sources), [`Stopper`]; [`run_until_signalled`] and [`StopSignals`]: SIGINT and SIGTERM as a
+//!   graceful stop (`docker stop`, Kubernetes), a second one aborting the drain.
+//! - **Dead letters**: [`DeadLetter`] and its [`DeadLetterReason`]; [`dlq`] lists them and
+//!   replays parked keys.
+//! - **Test**: `memory://` ([`connect`]) runs the same handler with no broker; [`memory_broker`]
+//!   reaches its broker (read a topic, inject faults); `convoy-testkit` adds order checkers
+//!   and the conformance suite.
+//! - **Implement a transport**: [`transport`] (the contract: subscription events,
+//!   pause/resume, commits, leases) and [`transform`]'s outboxes; [`unique_suffix`] names
+//!   fresh topics on a shared broker.
+//!
+//! Features: `memory` (the embedded broker, `memory://`), `amqp` (RabbitMQ, `amqp://`) and
+//! `nats` (`nats://`) are the default, all pure Rust; `kafka` (`kafka://`) builds librdkafka
+//! (C, cmake) and is opt-in. `amqp-tls` adds `amqps://`, `kafka-tls` (or
+//! `kafka-tls-vendored`) Kafka's TLS and SASL, `kafka-zstd` zstd, `nats-nkeys` NATS
+//! credentials files and nkeys.
 
 #[cfg(not(any(feature = "memory", feature = "kafka", feature = "amqp", feature = "nats")))]
 compile_error!("enable at least one broker feature of `convoy`: `memory`, `kafka`, `amqp` or `nats`");
@@ -57,3 +73,12 @@ pub use signals::{run_until_signalled, run_until_signalled_or, shutdown_signal, 
 
 #[cfg(feature = "memory")]
 pub use backend::memory::broker as memory_broker;
+
+/// What a handler author needs, in one import: `use convoy::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        connect, handler_fn, run_until_signalled, transform_fn, typed, Connection, Delivery, Engine,
+        EngineConfig, ErrorClass, HandlerError, Json, Message, OutgoingMessage, Output, Publisher, ResultExt,
+        RetryPolicy, Transport,
+    };
+}

@@ -28,9 +28,7 @@ async fn ledger(url: &str, topic: &str) -> Result<HashMap<String, i64>, Box<dyn 
         let b = b.clone();
         async move {
             let mut balances = b.lock().unwrap();
-            let balance = balances
-                .entry(d.message().key_display().into_owned())
-                .or_default();
+            let balance = balances.entry(d.key_display().into_owned()).or_default();
             if *balance + entry.cents < 0 {
                 return Err(HandlerError::terminal("overdraft")); // dead letter; the account's lane goes on
             }

@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use convoy_core::transport::Commit;
 use convoy_core::transport::{Departure, MemberSources};
-use convoy_core::{Commit, Offset, SourceId, TransportError};
+use convoy_core::{Offset, SourceId, TransportError};
 use tokio::sync::watch;
 
 use super::{acks, Shared};
@@ -72,6 +73,19 @@ impl MemberSources for Shared {
         };
         let (ready, _) = topology::partition_depth(&channel, &queue).await.ok()?;
         Some(delivered + u64::from(ready))
+    }
+
+    /// The messages above `committed`: the delivered ones not committed (delivery tags count
+    /// every delivery of the channel from 1) and those still ready in the queue — 0 on an
+    /// empty partition, whatever the engine committed.
+    async fn backlog(&self, source: &SourceId, committed: Option<Offset>) -> Option<u64> {
+        let (channel, queue, delivered) = {
+            let owned = self.owned();
+            let o = owned.get(source)?;
+            (o.channel.clone(), o.queue.clone(), o.delivered.load(Relaxed))
+        };
+        let (ready, _) = topology::partition_depth(&channel, &queue).await.ok()?;
+        Some(delivered.saturating_sub(committed.unwrap_or(0)) + u64::from(ready))
     }
 
     /// The prefetch: a partition channel receives nothing more while that many of its

@@ -17,8 +17,9 @@
 use std::time::Duration;
 
 use convoy_core::transport::clock::Tick;
+use convoy_core::transport::Lease;
 use convoy_core::transport::{LeaseTerms, Renewal};
-use convoy_core::{Lease, TransportError};
+use convoy_core::TransportError;
 use futures_util::StreamExt;
 use lapin::options::BasicQosOptions;
 use lapin::{Channel, Connection, ConnectionStatus, Event};

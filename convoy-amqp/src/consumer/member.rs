@@ -32,8 +32,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use convoy_core::transport::{Assignment, SourceEvent};
 use convoy_core::transport::{Ended as Session, GroupLocks, GroupMember, LockLoss, MemberTiming};
-use convoy_core::{Assignment, SourceEvent, SourceId, TransportError};
+use convoy_core::{SourceId, TransportError};
 use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};

@@ -25,7 +25,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use convoy_core::transport::{event_channel, Departure, EventSender, MemberControl};
-use convoy_core::{PrefetchLimit, SourceId, Subscription, Transport, TransportError};
+use convoy_core::transport::{PrefetchLimit, Subscription};
+use convoy_core::{SourceId, Transport, TransportError};
 use lapin::Channel;
 use tokio::sync::watch;
 

@@ -298,6 +298,25 @@ pub fn consume_prints_and_serves_metrics(url: &str) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Everything handled and committed: every source's lag comes to 0 — the empty ones' too
+    // (5 keys leave partitions without messages), which alerts and autoscalers read.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = scrape(&addr);
+        let lags: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with("convoy_source_lag{"))
+            .collect();
+        let partitions = lags.len();
+        if partitions > 0 && lags.iter().all(|l| l.ends_with(" 0")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag never came to 0 everywhere: {lags:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Alive, ready (it holds sources, its commits go through), the live view, nothing else.
     assert!(get(&addr, "/healthz").starts_with("HTTP/1.1 200"));
     let ready = get(&addr, "/readyz");

@@ -46,7 +46,7 @@ struct Entry {
     bytes: usize,
 }
 
-/// Staged outputs per source and input offset (see the [module](self) documentation).
+/// Staged outputs per source and input offset (see this module's documentation).
 #[derive(Default)]
 pub struct Staging {
     entries: BTreeMap<SourceId, BTreeMap<Offset, Entry>>,
@@ -185,7 +185,7 @@ impl Staging {
     }
 }
 
-/// The outbox of a transport with transactions: stages outputs (see the [module](self)
+/// The outbox of a transport with transactions: stages outputs (see this module's
 /// documentation); the transport's commit runs [`StagingOutbox::transactions`] and reports
 /// each that went through with [`StagingOutbox::committed`].
 pub struct StagingOutbox {

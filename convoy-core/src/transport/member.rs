@@ -27,6 +27,13 @@ pub trait MemberSources: Send + Sync + 'static {
     /// The newest offset of an owned source (`None` for another, or when the broker does not
     /// answer), for [`SourceControl::last_offsets`].
     async fn newest_offset(&self, source: &SourceId) -> Option<Offset>;
+    /// How many messages of an owned source lie above `committed`, for
+    /// [`SourceControl::backlogs`]; by default from [`newest_offset`](Self::newest_offset), as
+    /// if offsets were dense.
+    async fn backlog(&self, source: &SourceId, committed: Option<Offset>) -> Option<u64> {
+        let newest = self.newest_offset(source).await?;
+        Some(super::backlog_between(committed, newest))
+    }
     /// How long a source being handed over waits for the engine to drain and commit.
     fn revoke_timeout(&self) -> Duration;
     /// As [`SourceControl::credit`].
@@ -78,6 +85,17 @@ impl<S: MemberSources> SourceControl for MemberControl<S> {
             newest.push(answer.ok().flatten());
         }
         newest
+    }
+
+    /// As [`last_offsets`](Self::last_offsets): one source after the other, each for at most a
+    /// second.
+    async fn backlogs(&self, sources: &[(SourceId, Option<Offset>)]) -> Vec<Option<u64>> {
+        let mut backlogs = Vec::with_capacity(sources.len());
+        for (source, committed) in sources {
+            let answer = tokio::time::timeout(NEWEST_TIMEOUT, self.0.backlog(source, *committed)).await;
+            backlogs.push(answer.ok().flatten());
+        }
+        backlogs
     }
 
     fn revoke_timeout(&self) -> Option<Duration> {

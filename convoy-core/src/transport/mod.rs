@@ -146,6 +146,15 @@ impl Assignment {
     }
 }
 
+/// The messages above `committed` up to `newest`, offsets being dense (`None`: nothing
+/// committed, so everything from offset 0).
+pub fn backlog_between(committed: Option<Offset>, newest: Offset) -> u64 {
+    match committed {
+        Some(committed) => newest.saturating_sub(committed),
+        None => newest + 1,
+    }
+}
+
 /// A position to commit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Commit {
@@ -198,6 +207,20 @@ pub trait SourceControl: Send + Sync + 'static {
     /// The newest offset in each source (for lag while paused); `None` where unknown.
     async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
         vec![None; sources.len()]
+    }
+    /// Per source, how many of its messages lie above `committed` (its committed watermark):
+    /// its lag, asked of the broker so that it shows while fetching is paused. `None` where
+    /// unknown. By default derived from [`last_offsets`](Self::last_offsets), exact where
+    /// offsets are dense (Kafka's); a transport whose offsets have gaps (NATS stream sequences,
+    /// which the partitions of a topic share) counts the messages instead.
+    async fn backlogs(&self, sources: &[(SourceId, Option<Offset>)]) -> Vec<Option<u64>> {
+        let ids: Vec<SourceId> = sources.iter().map(|(id, _)| id.clone()).collect();
+        let newest = self.last_offsets(&ids).await;
+        sources
+            .iter()
+            .zip(newest)
+            .map(|((_, committed), newest)| newest.map(|newest| backlog_between(*committed, newest)))
+            .collect()
     }
     /// True when commits should carry the finished offsets above the watermark.
     fn wants_finished_above(&self) -> bool {

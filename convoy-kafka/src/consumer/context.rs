@@ -10,7 +10,8 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use convoy_core::{Assignment, Offset, RevokeAck, SourceEvent, SourceId};
+use convoy_core::transport::{Assignment, RevokeAck, SourceEvent};
+use convoy_core::{Offset, SourceId};
 use rdkafka::consumer::{Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset as KafkaOffset, TopicPartitionList};

@@ -10,7 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use convoy_core::{Commit, Offset, SourceControl, SourceId, TransportError};
+use convoy_core::transport::{Commit, SourceControl};
+use convoy_core::{Offset, SourceId, TransportError};
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
@@ -194,6 +195,27 @@ impl SourceControl for KafkaControl {
             .unwrap_or_else(|_| vec![None; sources_len])
     }
 
+    /// The high watermark minus the committed position: Kafka's consumer lag (0 on an empty
+    /// partition, where there is no newest offset).
+    async fn backlogs(&self, sources: &[(SourceId, Option<Offset>)]) -> Vec<Option<u64>> {
+        let sources_len = sources.len();
+        let Ok(consumer) = self.consumer() else {
+            return vec![None; sources_len];
+        };
+        let ids: Vec<SourceId> = sources.iter().map(|(id, _)| id.clone()).collect();
+        let timeout = self.shared.newest_offset_timeout;
+        let highs = tokio::task::spawn_blocking(move || high_watermarks(&consumer, &ids, timeout))
+            .await
+            .unwrap_or_else(|_| vec![None; sources_len]);
+        sources
+            .iter()
+            .zip(highs)
+            .map(|((_, committed), high)| {
+                high.map(|high| high.saturating_sub(committed.map_or(0, |c| c + 1)))
+            })
+            .collect()
+    }
+
     fn wants_finished_above(&self) -> bool {
         self.shared.offset_map_max.load(SeqCst) > 0
     }
@@ -218,6 +240,15 @@ impl SourceControl for KafkaControl {
 /// fetch the broker was holding on that connection, and a member of 256 partitions refreshed its
 /// lag about every two minutes.
 fn newest_offsets(consumer: &KafkaConsumer, sources: &[SourceId], timeout: Duration) -> Vec<Option<Offset>> {
+    high_watermarks(consumer, sources, timeout)
+        .into_iter()
+        .map(|high| high.and_then(|high| high.checked_sub(1)))
+        .collect()
+}
+
+/// Each partition's high watermark (the offset its next record gets; 0 when empty), `None`
+/// where the broker did not say.
+fn high_watermarks(consumer: &KafkaConsumer, sources: &[SourceId], timeout: Duration) -> Vec<Option<Offset>> {
     let mut latest = TopicPartitionList::with_capacity(sources.len());
     for (topic, partition) in sources.iter().filter_map(topic_partition) {
         // The "timestamp" END asks for the partition's high watermark.
@@ -237,7 +268,7 @@ fn newest_offsets(consumer: &KafkaConsumer, sources: &[SourceId], timeout: Durat
             let element = answered.find_partition(topic, partition)?;
             element.error().ok()?;
             match element.offset() {
-                KafkaOffset::Offset(high) if high > 0 => Some((high - 1) as Offset),
+                KafkaOffset::Offset(high) if high >= 0 => Some(high as Offset),
                 _ => None,
             }
         })

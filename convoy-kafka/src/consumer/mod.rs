@@ -8,7 +8,7 @@
 //!   eight) serves the queues that librdkafka reports non-empty, so a member owning hundreds of
 //!   partitions does not run hundreds of threads.
 //!
-//! By job: [`context`] runs rebalances (assign, revoke with its deadline, lost), `pollers` the
+//! By job: `context` runs rebalances (assign, revoke with its deadline, lost), `pollers` the
 //! partitions' queues and the threads that poll them, `control` pause/resume/commit/close,
 //! `transaction` the commits of a member with a transactional id (exactly once to Kafka).
 //!
@@ -29,7 +29,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use convoy_core::transport::{event_channel, EventSender};
-use convoy_core::{PrefetchLimit, SourceEvent, Subscription, Transport, TransportError};
+use convoy_core::transport::{PrefetchLimit, SourceEvent, Subscription};
+use convoy_core::{Transport, TransportError};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Message as _;
 

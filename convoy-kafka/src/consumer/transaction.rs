@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use convoy_core::transform::{Output, StagingOutbox, Transaction, DEFAULT_MAX_TRANSACTION_BYTES};
-use convoy_core::{Commit, TransportError};
+use convoy_core::transport::Commit;
+use convoy_core::TransportError;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};

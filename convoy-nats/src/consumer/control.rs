@@ -4,12 +4,14 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::kv::{Operation, UpdateErrorKind};
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_trait::async_trait;
 use bytes::Bytes;
+use convoy_core::transport::Commit;
 use convoy_core::transport::{Departure, MemberSources};
-use convoy_core::{Commit, Offset, SourceId, TransportError};
+use convoy_core::{Offset, SourceId, TransportError};
 use tokio::sync::watch;
 
 use super::Shared;
@@ -74,9 +76,9 @@ impl MemberSources for Shared {
         }
         first_error.map_or(Ok(()), Err)
     }
-    /// The newest sequence of the partition subject (reported while paused too), so the
-    /// engine's lag is that minus the watermark — in stream sequences, which the partitions of a
-    /// topic share: an upper bound of the partition's unfinished messages.
+
+    /// The newest sequence of the partition subject (reported while paused too). Lag is not
+    /// derived from it (see [`backlog`](Self::backlog)).
     async fn newest_offset(&self, source: &SourceId) -> Option<Offset> {
         let (stream, subject, delivered) = {
             let owned = self.owned();
@@ -90,10 +92,56 @@ impl MemberSources for Shared {
         }
     }
 
+    /// The messages of the partition's subject above `committed`, counted: stream sequences
+    /// are shared by a topic's partitions, so a partition's own skip the others' and no
+    /// subtraction counts them. Nothing above the committed one (the common case): the subject's
+    /// last sequence says so in one request. Otherwise a consumer starting there, created only
+    /// to read its pending count, then deleted.
+    async fn backlog(&self, source: &SourceId, committed: Option<Offset>) -> Option<u64> {
+        let (stream, subject) = {
+            let owned = self.owned();
+            let o = owned.get(source)?;
+            (o.stream.clone(), o.subject.clone())
+        };
+        let last = match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => message.sequence,
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Some(0),
+            Err(_) => return None,
+        };
+        // Stream sequences start at 1.
+        let start = committed.map_or(1, |c| c + 1);
+        if last < start {
+            return Some(0);
+        }
+        let counter = stream
+            .create_consumer(pull::Config {
+                filter_subject: subject,
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: start,
+                },
+                ack_policy: AckPolicy::None,
+                inactive_threshold: COUNTER_INACTIVE,
+                ..pull::Config::default()
+            })
+            .await
+            .ok()?;
+        let info = counter.cached_info();
+        let pending = info.num_pending;
+        if let Err(e) = stream.delete_consumer(&info.name).await {
+            // The server removes it once inactive anyway.
+            tracing::debug!(error = %e, "deleting a consumer that counted a partition's backlog");
+        }
+        Some(pending)
+    }
+
     fn revoke_timeout(&self) -> Duration {
         self.config.revoke_timeout()
     }
 }
+
+/// A consumer made only to count a backlog is removed by the server after this long, should
+/// deleting it fail.
+const COUNTER_INACTIVE: Duration = Duration::from_secs(10);
 
 /// A source whose commits have failed for this many lease lifetimes is given up.
 pub const GIVE_UP_AFTER: u32 = 3;

@@ -22,7 +22,8 @@ use async_nats::jetstream::kv::{CreateErrorKind, Operation, Store, UpdateErrorKi
 use bytes::Bytes;
 use convoy_core::transport::clock::Tick;
 use convoy_core::transport::{EventSender, LeaseTerms, Renewal};
-use convoy_core::{Lease, SourceEvent, SourceId, TransportError};
+use convoy_core::transport::{Lease, SourceEvent};
+use convoy_core::{SourceId, TransportError};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 

@@ -27,8 +27,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Operation, Store, UpdateErrorKind};
 use async_trait::async_trait;
+use convoy_core::transport::{Assignment, Lease, SourceEvent};
 use convoy_core::transport::{Ended, EventSender, GroupLocks, GroupMember, LockLoss, MemberTiming};
-use convoy_core::{Assignment, Lease, Offset, SourceEvent, SourceId, TransportError};
+use convoy_core::{Offset, SourceId, TransportError};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;

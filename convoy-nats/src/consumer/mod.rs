@@ -28,7 +28,8 @@ use async_nats::jetstream::kv::Store;
 use async_nats::jetstream::stream::Stream;
 use async_trait::async_trait;
 use convoy_core::transport::{event_channel, Departure, EventSender, MemberControl};
-use convoy_core::{Lease, PrefetchLimit, SourceId, Subscription, Transport, TransportError};
+use convoy_core::transport::{Lease, PrefetchLimit, Subscription};
+use convoy_core::{SourceId, Transport, TransportError};
 use tokio::sync::watch;
 
 use crate::config::NatsConfig;

@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use convoy_core::transport::{PrefetchLimit, Subscription};
 use convoy_core::{
-    BackPressure, DeadLetterSink, Engine, EngineConfig, PrefetchLimit, Publisher, RetryPolicy, Subscription,
-    TransportError,
+    BackPressure, DeadLetterSink, Engine, EngineConfig, Publisher, RetryPolicy, TransportError,
 };
 
 pub use load::prefill;

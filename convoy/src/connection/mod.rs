@@ -4,10 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use convoy_core::{
-    DeadLetterSink, Message, PrefetchLimit, Publisher, PublishingOutbox, Subscription, Transport,
-    TransportError,
-};
+use convoy_core::transform::PublishingOutbox;
+use convoy_core::transport::{PrefetchLimit, Subscription};
+use convoy_core::{DeadLetterSink, Message, Publisher, Transport, TransportError};
 
 mod topics;
 
@@ -338,7 +337,7 @@ impl Connection {
                     topics: vec![topic.to_owned()],
                     ..config.clone()
                 })?;
-                let prefetch = transport.prefetch(convoy_core::PrefetchLimit::default());
+                let prefetch = transport.prefetch(convoy_core::transport::PrefetchLimit::default());
                 let group = backend::amqp::baseline_group(&self.endpoint);
                 Ok(convoy_amqp::baseline::bare_drain(
                     &config, topic, &group, prefetch, expected, limit, check,
@@ -352,7 +351,7 @@ impl Connection {
                     topics: vec![topic.to_owned()],
                     ..config.clone()
                 })?;
-                let batch = transport.fetch_batch(convoy_core::PrefetchLimit::default());
+                let batch = transport.fetch_batch(convoy_core::transport::PrefetchLimit::default());
                 Ok(convoy_nats::baseline::bare_drain(&config, topic, batch, expected, limit, check).await?)
             }
         }

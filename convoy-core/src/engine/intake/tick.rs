@@ -136,12 +136,13 @@ impl Intake {
         let group = self.config.group.clone();
         let lags = self.lags.clone();
         self.lag_probe = Some(tokio::spawn(async move {
-            let ids: Vec<SourceId> = snapshot.iter().map(|(id, _, _)| id.clone()).collect();
-            let newest = control.last_offsets(&ids).await;
-            let mut known = HashMap::with_capacity(ids.len());
-            for ((id, watermark, committed), newest) in snapshot.iter().zip(newest) {
-                let lag =
-                    newest.map(|n| n.saturating_sub(committed.unwrap_or(0)) + u64::from(committed.is_none()));
+            let asked: Vec<(SourceId, Option<Offset>)> = snapshot
+                .iter()
+                .map(|(id, _, committed)| (id.clone(), *committed))
+                .collect();
+            let backlogs = control.backlogs(&asked).await;
+            let mut known = HashMap::with_capacity(asked.len());
+            for ((id, watermark, _), lag) in snapshot.iter().zip(backlogs) {
                 IntakeMetrics::source_gauges(&group, id, *watermark, lag);
                 if let Some(lag) = lag {
                     known.insert(id.clone(), lag);
