@@ -56,7 +56,7 @@ const FOUND: &[(u64, &str, &str)] = &[
     (
         41331,
         "9-revoke-after-loss-releases-staging",
-        "exactly once: messages handled but no output of theirs committed",
+        "exactly once: 1 messages were handled but no output of theirs was committed: #41",
     ),
     (
         76843,
