@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use convoy_core::transform::Output;
+use convoy_core::transform::{Outbox, Output};
 use convoy_core::transport::{Commit, EventReceiver, RevokeAck, SourceEvent};
 use convoy_core::{Message, OutgoingMessage, SourceId, Transport};
 use convoy_memory::{MemoryBroker, MemoryTransport};
@@ -42,6 +42,14 @@ async fn message_of(events: &mut EventReceiver, source: &SourceId) -> Message {
     }
 }
 
+/// Stages `text` as the output of `input`, as a transform's handling would.
+async fn stage(outbox: &dyn Outbox, input: &Message, text: &str) {
+    outbox
+        .put(input, vec![Output::keyed("out", "k", text.to_owned())])
+        .await
+        .expect("staged");
+}
+
 fn commit(source: &SourceId, token: u64, next: u64) -> Commit {
     Commit {
         source: source.clone(),
@@ -73,13 +81,7 @@ async fn a_commit_computed_for_an_earlier_assignment_is_refused() {
     let first = assigned(&mut sub.events).await;
     let (source, old_token) = first[0].clone();
     let input = message_of(&mut sub.events, &source).await;
-    outbox
-        .put(
-            &input,
-            vec![Output::keyed("out", "k", "from the first assignment")],
-        )
-        .await
-        .expect("staged");
+    stage(outbox.as_ref(), &input, "from the first assignment").await;
 
     // The commit is computed now; the connection drops before it reaches the broker.
     let stale = commit(&source, old_token, 1);
@@ -107,13 +109,7 @@ async fn a_commit_computed_for_an_earlier_assignment_is_refused() {
 
     // The new assignment handles the input again and commits it, once.
     let input = message_of(&mut sub.events, &source).await;
-    outbox
-        .put(
-            &input,
-            vec![Output::keyed("out", "k", "from the second assignment")],
-        )
-        .await
-        .expect("staged");
+    stage(outbox.as_ref(), &input, "from the second assignment").await;
     sub.control
         .commit(&[commit(&source, new_token, 1)])
         .await
@@ -159,10 +155,7 @@ async fn a_revoke_answered_after_a_loss_leaves_the_new_assignment_its_outputs() 
         .publish("in", OutgoingMessage::new(key_of(&broker, &source), "x"))
         .expect("publish");
     let input = message_of(&mut a.events, &source).await;
-    outbox
-        .put(&input, vec![Output::keyed("out", "k", "handled after the loss")])
-        .await
-        .expect("staged");
+    stage(outbox.as_ref(), &input, "handled after the loss").await;
     // Virtual time moves only once every task is idle: the revoke's end has run by then.
     tokio::time::sleep(Duration::from_millis(10)).await;
     a.control

@@ -136,9 +136,5 @@ async fn the_readme_ledger_on_nats() {
 
 #[test]
 fn the_readme_shows_this_code() {
-    let snippet = snippet::between_markers(include_str!("readme.rs"));
-    assert!(
-        include_str!("../../README.md").contains(snippet),
-        "README.md's handler must be the code tested here"
-    );
+    snippet::assert_readme_shows("readme.rs", include_str!("readme.rs"));
 }

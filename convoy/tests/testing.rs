@@ -62,9 +62,5 @@ async fn a_refused_debit_is_dead_lettered_with_its_reason() -> Result<(), Box<dy
 
 #[test]
 fn the_readme_shows_this_code() {
-    let snippet = snippet::between_markers(include_str!("testing.rs"));
-    assert!(
-        include_str!("../../README.md").contains(snippet),
-        "README.md's test must be the code tested here"
-    );
+    snippet::assert_readme_shows("testing.rs", include_str!("testing.rs"));
 }

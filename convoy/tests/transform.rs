@@ -129,9 +129,5 @@ async fn a_transform_needs_an_outbox() {
 
 #[test]
 fn the_readme_shows_this_code() {
-    let snippet = snippet::between_markers(include_str!("transform.rs"));
-    assert!(
-        include_str!("../../README.md").contains(snippet),
-        "README.md must show tests/transform.rs's snippet verbatim"
-    );
+    snippet::assert_readme_shows("transform.rs", include_str!("transform.rs"));
 }

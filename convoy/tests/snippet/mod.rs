@@ -7,3 +7,11 @@ pub fn between_markers(source: &str) -> &str {
     let end = source.find("// README:END").expect("a README:END line");
     &source[begin..end]
 }
+
+/// Asserts that README.md shows `file`'s snippet verbatim (`source`: its own text).
+pub fn assert_readme_shows(file: &str, source: &str) {
+    assert!(
+        include_str!("../../../README.md").contains(between_markers(source)),
+        "README.md must show tests/{file}'s snippet verbatim"
+    );
+}
