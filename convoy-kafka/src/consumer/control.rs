@@ -48,6 +48,19 @@ impl KafkaControl {
         }
     }
 
+    /// Each source's high watermark, asked off the runtime's threads (`None` where unknown):
+    /// what both the newest offsets and the lag derive from.
+    async fn high_watermarks(&self, sources: Vec<SourceId>) -> Vec<Option<Offset>> {
+        let count = sources.len();
+        let Ok(consumer) = self.consumer() else {
+            return vec![None; count];
+        };
+        let timeout = self.shared.newest_offset_timeout;
+        tokio::task::spawn_blocking(move || high_watermarks(&consumer, &sources, timeout))
+            .await
+            .unwrap_or_else(|_| vec![None; count])
+    }
+
     fn consumer(&self) -> Result<Arc<KafkaConsumer>, TransportError> {
         self.consumer
             .lock()
@@ -184,29 +197,19 @@ impl SourceControl for KafkaControl {
     }
 
     async fn last_offsets(&self, sources: &[SourceId]) -> Vec<Option<Offset>> {
-        let sources_len = sources.len();
-        let Ok(consumer) = self.consumer() else {
-            return vec![None; sources_len];
-        };
-        let sources = sources.to_vec();
-        let timeout = self.shared.newest_offset_timeout;
-        tokio::task::spawn_blocking(move || newest_offsets(&consumer, &sources, timeout))
+        self.high_watermarks(sources.to_vec())
             .await
-            .unwrap_or_else(|_| vec![None; sources_len])
+            .into_iter()
+            .map(|high| high.and_then(|high| high.checked_sub(1)))
+            .collect()
     }
 
     /// The high watermark minus the committed position: Kafka's consumer lag (0 on an empty
     /// partition, where there is no newest offset).
     async fn backlogs(&self, sources: &[(SourceId, Option<Offset>)]) -> Vec<Option<u64>> {
-        let sources_len = sources.len();
-        let Ok(consumer) = self.consumer() else {
-            return vec![None; sources_len];
-        };
-        let ids: Vec<SourceId> = sources.iter().map(|(id, _)| id.clone()).collect();
-        let timeout = self.shared.newest_offset_timeout;
-        let highs = tokio::task::spawn_blocking(move || high_watermarks(&consumer, &ids, timeout))
-            .await
-            .unwrap_or_else(|_| vec![None; sources_len]);
+        let highs = self
+            .high_watermarks(sources.iter().map(|(id, _)| id.clone()).collect())
+            .await;
         sources
             .iter()
             .zip(highs)
@@ -239,13 +242,6 @@ impl SourceControl for KafkaControl {
 /// request per partition leader: asked one partition after another, each answer came behind the
 /// fetch the broker was holding on that connection, and a member of 256 partitions refreshed its
 /// lag about every two minutes.
-fn newest_offsets(consumer: &KafkaConsumer, sources: &[SourceId], timeout: Duration) -> Vec<Option<Offset>> {
-    high_watermarks(consumer, sources, timeout)
-        .into_iter()
-        .map(|high| high.and_then(|high| high.checked_sub(1)))
-        .collect()
-}
-
 /// Each partition's high watermark (the offset its next record gets; 0 when empty), `None`
 /// where the broker did not say.
 fn high_watermarks(consumer: &KafkaConsumer, sources: &[SourceId], timeout: Duration) -> Vec<Option<Offset>> {
