@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use bytes::Bytes;
 use convoy::{Inspection, Inspector, StatsReader, StatsSnapshot};
@@ -25,14 +24,6 @@ use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 use serde_json::json;
-
-/// How long a gauge nobody sets any more stays on the page.
-const GONE_AFTER: Duration = Duration::from_secs(30);
-
-/// Buckets of every `*_seconds` histogram: 100 µs to 60 s.
-const SECONDS_BUCKETS: &[f64] = &[
-    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
 
 /// Lanes of each kind `/lanes` shows unless asked for another count.
 const DEFAULT_TOP: usize = 10;
@@ -54,10 +45,12 @@ impl Endpoint {
 /// Must run before the engine registers its metric handles.
 pub async fn serve(addr: SocketAddr) -> Result<Arc<Endpoint>, String> {
     let prometheus = PrometheusBuilder::new()
-        // The engine sets its gauges on every tick; those of a partition this member handed
-        // over or lost are never set again, and go from the page after this long.
-        .idle_timeout(MetricKindMask::GAUGE, Some(GONE_AFTER))
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+        // Gauges of a partition this member handed over or lost are never set again.
+        .idle_timeout(MetricKindMask::GAUGE, Some(convoy::metrics::GAUGE_IDLE_AFTER))
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".into()),
+            convoy::metrics::SECONDS_BUCKETS,
+        )
         .map_err(|e| format!("metric buckets: {e}"))?
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
@@ -235,6 +228,8 @@ fn to_json(inspection: &Inspection, stats: &StatsReader) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn member(sources: usize, commits_failing_for: Option<Duration>) -> StatsSnapshot {

@@ -48,8 +48,24 @@ pub const BATCH_MESSAGES: &str = "convoy_batch_messages";
 /// Gauge: keys parked now (their later messages set aside until replayed), by group.
 pub const PARKED_KEYS: &str = "convoy_parked_keys";
 
+/// Buckets of every `*_seconds` histogram, for exporters that need them set: 100 µs to 60 s.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Buckets of [`BATCH_MESSAGES`]: 1 to 10,000 messages per call.
+pub const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 10_000.0,
+];
+
+/// How long an exporter keeps a gauge nobody sets any more. The engine sets its gauges on
+/// every tick (well under a second); those of a source this member handed over or lost are
+/// never set again, and should leave the dashboards after this long.
+pub const GAUGE_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Gives every metric its help text and unit (once per process): exporters print them
-/// (Prometheus's `# HELP`). Called when an engine registers its handles.
+/// (Prometheus's `# HELP`). Called before any handle is registered: an exporter that fixes an
+/// instrument's description when it creates it (OpenTelemetry) sees them too.
 pub fn describe() {
     static DESCRIBED: std::sync::Once = std::sync::Once::new();
     DESCRIBED.call_once(|| {
@@ -116,6 +132,7 @@ pub(crate) struct LaneMetrics {
 
 impl LaneMetrics {
     pub fn new(group: &str) -> Self {
+        describe();
         let g = group.to_owned();
         LaneMetrics {
             handled: {

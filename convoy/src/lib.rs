@@ -49,7 +49,10 @@
 //! `nats` (`nats://`) are the default, all pure Rust; `kafka` (`kafka://`) builds librdkafka
 //! (C, cmake) and is opt-in. `amqp-tls` adds `amqps://`, `kafka-tls` (or
 //! `kafka-tls-vendored`) Kafka's TLS and SASL, `kafka-zstd` zstd, `nats-nkeys` NATS
-//! credentials files and nkeys.
+//! credentials files and nkeys. `opentelemetry` makes the producer's span the parent of the
+//! per-message span; `opentelemetry-metrics` adds `otel_metrics`: the engine's metrics as
+//! OpenTelemetry instruments, for an OTLP exporter (metrics go through the `metrics` facade
+//! otherwise, to whichever recorder the application installs).
 
 #[cfg(not(any(feature = "memory", feature = "kafka", feature = "amqp", feature = "nats")))]
 compile_error!("enable at least one broker feature of `convoy`: `memory`, `kafka`, `amqp` or `nats`");
@@ -60,6 +63,8 @@ pub mod dlq;
 pub mod engine_settings;
 mod error;
 mod names;
+#[cfg(feature = "opentelemetry-metrics")]
+pub mod otel_metrics;
 pub mod settings;
 mod signals;
 

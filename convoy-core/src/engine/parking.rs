@@ -72,6 +72,7 @@ pub(crate) enum Gate {
 
 impl Parking {
     pub fn new(group: &str) -> Parking {
+        crate::metrics::describe();
         let keys = metrics::gauge!(crate::metrics::PARKED_KEYS, "group" => group.to_owned());
         keys.set(0.0);
         Parking {
