@@ -29,7 +29,11 @@ fn url(bootstrap: &str, group: &str, topic: &str) -> String {
 async fn a_dead_letter_replayed_after_the_fix_is_handled_in_order() {
     let Some(bootstrap) = bootstrap() else { return };
     let topic = unique("replay");
-    scenarios::dead_letter_replay(&url(&bootstrap, &unique("replay-group"), &topic), &topic).await;
+    let url = format!(
+        "{}&partitions=4",
+        url(&bootstrap, &unique("replay-group"), &topic)
+    );
+    scenarios::dead_letter_replay(&url, &topic).await;
 }
 
 #[test]

@@ -11,14 +11,15 @@
 //! failed and set-aside messages in its original order, behind a replay marker that tells the
 //! engine to handle them — and only them — until the last one unparks the key.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::RangeInclusive;
+use std::sync::Arc;
 
 use convoy_core::dead_letter::{
     replay_message, DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
 use convoy_core::parking::{self, KeyReplay, ParkedKeys};
-use convoy_core::{ConfigError, Message, OutgoingMessage, Receipt, TransportError};
+use convoy_core::{ConfigError, Message, OutgoingMessage, Publisher, Receipt, TransportError};
 
 use crate::connection::Connection;
 use crate::error::ConnectError;
@@ -208,9 +209,10 @@ async fn replay_or_resume(
 ) -> Result<KeyReplay, ConnectError> {
     let group = &connection.endpoint().group;
     let sink = connection.dead_letter_sink()?;
+    let partitions = Partitions::of(connection).await?;
     let publisher = |topic: &str| {
-        connection
-            .publisher(topic)
+        partitions
+            .publisher(connection, topic)
             .map_err(|e| TransportError::broker(format!("publishing to {topic}"), e))
     };
     let replay = match resume {
@@ -250,11 +252,48 @@ pub async fn replay(
         let topic = target_topic(record, to)?;
         by_topic.entry(topic).or_default().push(record.to_replay());
     }
+    let partitions = Partitions::of(connection).await?;
     let mut receipts = Vec::new();
     for (topic, messages) in by_topic {
-        receipts.extend(connection.publisher(&topic)?.publish_all(messages).await?);
+        receipts.extend(
+            partitions
+                .publisher(connection, &topic)?
+                .publish_all(messages)
+                .await?,
+        );
     }
     Ok(receipts)
+}
+
+/// The partition counts of the broker's topics. A replay partitions as its target topic does
+/// (a key's replayed messages join its partition), whatever count the connection was given:
+/// the operator names a group and a topic, not how the topic was declared.
+struct Partitions(HashMap<String, u32>);
+
+impl Partitions {
+    async fn of(connection: &Connection) -> Result<Partitions, ConnectError> {
+        let listed = connection.list_topics().await?;
+        Ok(Partitions(
+            listed.into_iter().map(|t| (t.name, t.partitions)).collect(),
+        ))
+    }
+
+    /// A publisher to `topic` with the topic's own partition count; an error naming the topic
+    /// when it does not exist (a replay never creates its target).
+    fn publisher(&self, connection: &Connection, topic: &str) -> Result<Arc<dyn Publisher>, ConnectError> {
+        match self.0.get(topic) {
+            Some(&n) if n == connection.endpoint().partitions => connection.publisher(topic),
+            Some(&n) => connection.with_partitions(n).publisher(topic),
+            None => Err(ConfigError::invalid(
+                "to",
+                format!(
+                    "topic {topic}, where the dead letters go back to, does not exist on this broker: \
+                     create it as it was (`convoy topic create {topic} --partitions N`), or replay to another topic"
+                ),
+            )
+            .into()),
+        }
+    }
 }
 
 #[cfg(test)]
