@@ -270,6 +270,11 @@ pub struct EngineConfig {
     /// to the dead-letter destination until the key is replayed (see
     /// [`parking`](crate::parking)). Needs a dead-letter sink that reads back.
     pub park_keys: bool,
+    /// With `park_keys`: a read-back of the dead-letter destination that read this many
+    /// records past its group's checkpoint saves a new one, and an engine that wrote this many
+    /// records reads back; so an assignment reads about this many records, not the
+    /// destination's whole history. Default [`CHECKPOINT_AFTER`](crate::parking::CHECKPOINT_AFTER).
+    pub park_checkpoint_after: usize,
 }
 
 /// How long a source's lowest unfinished message may stay unfinished by default.
@@ -300,6 +305,7 @@ impl Default for EngineConfig {
             max_payload_bytes: None,
             max_in_flight: Some(1_024),
             park_keys: false,
+            park_checkpoint_after: crate::parking::CHECKPOINT_AFTER,
         }
     }
 }
@@ -342,6 +348,9 @@ impl EngineConfig {
         }
         if self.commit_every == 0 {
             return Err(ConfigError::invalid("commit_every", "must be ≥ 1"));
+        }
+        if self.park_checkpoint_after == 0 {
+            return Err(ConfigError::invalid("park_checkpoint_after", "must be ≥ 1"));
         }
         if self.stuck_timeout == Some(Duration::ZERO) {
             return Err(ConfigError::invalid(

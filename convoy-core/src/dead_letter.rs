@@ -2,10 +2,12 @@
 //! dead-letter destination. The original key, payload and headers travel untouched; the
 //! reason is added as `convoy-dl-*` headers so an operator can find, fix and replay.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use crate::message::{Headers, Message, OutgoingMessage};
 use crate::transport::TransportError;
@@ -197,6 +199,73 @@ pub trait DeadLetterSink: Send + Sync + 'static {
             "this dead-letter sink cannot read its destination: use the transport's own sink",
         ))
     }
+
+    /// The records written after `mark` (every record when `None`), in order per key, and the
+    /// mark after the last of them: what an engine reads on top of its group's checkpoint
+    /// ([`load_checkpoint`](Self::load_checkpoint)), so that a read-back reads what was written
+    /// since, not the destination's whole history. The default reads everything and gives no
+    /// mark (no checkpoint is then saved).
+    async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
+        let _ = mark;
+        Ok(ReadBack {
+            records: self.read_back().await?,
+            mark: None,
+        })
+    }
+
+    /// The last checkpoint `group` saved with [`save_checkpoint`](Self::save_checkpoint), if
+    /// any (the default keeps none).
+    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+        let _ = group;
+        Ok(None)
+    }
+
+    /// Saves `group`'s checkpoint: the folded state of the destination up to a [`ReadMark`]
+    /// (what [`parking`](crate::parking) writes). Only the latest matters; a lost save costs a
+    /// longer read next time, nothing else.
+    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+        let _ = (group, checkpoint);
+        Ok(())
+    }
+}
+
+/// Where a read of a dead-letter destination stopped, in the transport's own terms (a stream
+/// sequence, offsets per partition): opaque to the engine, kept in checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReadMark(pub String);
+
+impl ReadMark {
+    /// The mark of a destination read up to these positions: per partition, the next offset
+    /// to read (`0:15,1:7`). A stream without partitions is partition 0.
+    pub fn of_next_offsets(next: &BTreeMap<u32, u64>) -> ReadMark {
+        let parts: Vec<String> = next.iter().map(|(p, o)| format!("{p}:{o}")).collect();
+        ReadMark(parts.join(","))
+    }
+
+    /// The positions of a mark made by [`of_next_offsets`](Self::of_next_offsets); `None` if
+    /// it is not one (a read then starts from the beginning).
+    pub fn next_offsets(&self) -> Option<BTreeMap<u32, u64>> {
+        if self.0.is_empty() {
+            return Some(BTreeMap::new());
+        }
+        self.0
+            .split(',')
+            .map(|part| {
+                let (p, o) = part.split_once(':')?;
+                Some((p.parse().ok()?, o.parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+/// What [`DeadLetterSink::read_back_after`] read.
+#[derive(Debug, Default)]
+pub struct ReadBack {
+    /// The records after the mark given, in order per key.
+    pub records: Vec<Message>,
+    /// The mark after the last record read (where the next read starts); `None` when the
+    /// destination cannot be read from a mark.
+    pub mark: Option<ReadMark>,
 }
 
 #[async_trait]
@@ -211,6 +280,18 @@ impl<S: DeadLetterSink + ?Sized> DeadLetterSink for std::sync::Arc<S> {
 
     async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
         (**self).read_back().await
+    }
+
+    async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
+        (**self).read_back_after(mark).await
+    }
+
+    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+        (**self).load_checkpoint(group).await
+    }
+
+    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+        (**self).save_checkpoint(group, checkpoint).await
     }
 }
 

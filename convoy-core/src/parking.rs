@@ -41,10 +41,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 use crate::dead_letter::{
-    replay_message, DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, DL_CAUSE, DL_GROUP,
-    DL_SOURCE,
+    replay_message, DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, ReadMark, DL_CAUSE,
+    DL_GROUP, DL_SOURCE,
 };
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
 use crate::transport::{Publisher, Receipt, TransportError};
@@ -84,7 +85,7 @@ pub fn is_marker(record: &Message) -> bool {
 pub type Position = (String, u64);
 
 /// A replayed message's place in its replay.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayTag {
     /// The replay's id.
     pub id: String,
@@ -119,7 +120,7 @@ impl ReplayTag {
 }
 
 /// A failed or set-aside message of a parked key.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ParkedRecord {
     /// What its message is known by, if anything identifies it.
     pub id: Option<String>,
@@ -132,7 +133,8 @@ pub struct ParkedRecord {
     /// The topic its message came from, if known.
     pub topic: Option<String>,
     /// The record as the dead-letter destination holds it (`None` for one this engine wrote
-    /// and has not read back).
+    /// and has not read back, and in an engine's read-back, which needs no payloads).
+    #[serde(skip)]
     pub record: Option<Message>,
 }
 
@@ -157,7 +159,7 @@ pub fn topic_of(source: &str) -> Option<String> {
 
 /// A replay under way: its id and size, and — when the records it re-publishes are known —
 /// the topic of each of its messages.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Replaying {
     /// The replay's id.
     pub id: String,
@@ -196,7 +198,7 @@ impl Replaying {
 }
 
 /// What the dead-letter destination says of one key of a group.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct KeyParking {
     /// Records not covered by a replay, in the order they were written.
     pending: Vec<ParkedRecord>,
@@ -345,12 +347,14 @@ pub enum ParkingChange {
 }
 
 /// The parked keys of one group, folded from its dead-letter destination.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ParkedKeys {
     /// Ordered: listings and replays of every key go in one order (and a simulation's trace).
+    #[serde(with = "bytes_keys")]
     keys: BTreeMap<Bytes, KeyParking>,
     /// The replays that ended of keys no longer parked: a copy of one delivered later (a
     /// resumed replay's) is still a duplicate when its key parks again.
+    #[serde(with = "bytes_keys")]
     ended: BTreeMap<Bytes, HashSet<String>>,
 }
 
@@ -358,17 +362,62 @@ impl ParkedKeys {
     /// Folds `records` (the dead-letter destination, in order per key) for `group`.
     pub fn read(group: &str, records: &[Message]) -> ParkedKeys {
         let mut keys = ParkedKeys::default();
-        for record in records {
-            if let Some((key, change)) = change_of(group, record) {
-                keys.apply(key, change);
-            }
-        }
+        keys.fold(group, records, Payloads::Keep);
         keys
     }
 
-    /// Reads `sink`'s destination back and folds it for `group`.
+    fn fold(&mut self, group: &str, records: &[Message], payloads: Payloads) {
+        for record in records {
+            if let Some((key, change)) = change_of(group, record, payloads) {
+                self.apply(key, change);
+            }
+        }
+    }
+
+    /// Reads `sink`'s whole destination back and folds it for `group`, each record with its
+    /// message (what a replay re-publishes).
     pub async fn read_back(group: &str, sink: &dyn DeadLetterSink) -> Result<ParkedKeys, TransportError> {
         Ok(ParkedKeys::read(group, &sink.read_back().await?))
+    }
+
+    /// An engine's read-back: `group`'s last checkpoint, then only what the destination holds
+    /// after it — in proportion to what was written since, not to the destination's history.
+    /// When that was `checkpoint_after` records or more ([`CHECKPOINT_AFTER`] by default), a
+    /// new checkpoint is saved (a failed save is logged: the next read reads further back,
+    /// nothing else). The records keep no messages: an engine needs none.
+    pub async fn catch_up(
+        group: &str,
+        sink: &dyn DeadLetterSink,
+        checkpoint_after: usize,
+    ) -> Result<CaughtUp, TransportError> {
+        let checkpoint = match sink.load_checkpoint(group).await? {
+            Some(bytes) => Checkpoint::decode(group, &bytes),
+            None => None,
+        };
+        let from_checkpoint = checkpoint.is_some();
+        let (mut keys, mark) = match checkpoint {
+            Some(c) => (c.keys, Some(c.mark)),
+            None => (ParkedKeys::default(), None),
+        };
+        let tail = sink.read_back_after(mark.as_ref()).await?;
+        keys.fold(group, &tail.records, Payloads::Drop);
+        let read = tail.records.len();
+        let mut saved = false;
+        if let Some(mark) = tail.mark.filter(|_| read >= checkpoint_after) {
+            let bytes = Checkpoint::encode(group, &mark, &keys);
+            match sink.save_checkpoint(group, bytes).await {
+                Ok(()) => saved = true,
+                Err(e) => {
+                    tracing::warn!(error = %e, read, "cannot save the parked keys' checkpoint: the next read-back reads this far back again")
+                }
+            }
+        }
+        Ok(CaughtUp {
+            keys,
+            read,
+            from_checkpoint,
+            saved,
+        })
     }
 
     /// Applies a change to `key`'s parking.
@@ -416,6 +465,101 @@ impl ParkedKeys {
     /// True when no key is parked.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+}
+
+/// Records a read-back reads past its checkpoint before it saves a new one, by default
+/// ([`EngineConfig::park_checkpoint_after`](crate::EngineConfig::park_checkpoint_after)): about
+/// what an assignment reads, beyond what other members and groups wrote since (an engine also
+/// reads back after writing this many records itself).
+pub const CHECKPOINT_AFTER: usize = 1_000;
+
+/// What [`ParkedKeys::catch_up`] read.
+#[derive(Debug)]
+pub struct CaughtUp {
+    /// The group's parked keys.
+    pub keys: ParkedKeys,
+    /// Records read past the checkpoint.
+    pub read: usize,
+    /// A checkpoint was read first.
+    pub from_checkpoint: bool,
+    /// A new checkpoint was saved.
+    pub saved: bool,
+}
+
+/// Whether a fold keeps each record's message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Payloads {
+    Keep,
+    Drop,
+}
+
+/// A group's parked keys as folded up to a mark of its destination.
+#[derive(Serialize, Deserialize)]
+struct Checkpoint {
+    /// The format's version: another one is ignored (read from the start instead).
+    version: u32,
+    group: String,
+    mark: ReadMark,
+    keys: ParkedKeys,
+}
+
+impl Checkpoint {
+    const VERSION: u32 = 1;
+
+    fn encode(group: &str, mark: &ReadMark, keys: &ParkedKeys) -> Bytes {
+        #[derive(Serialize)]
+        struct Borrowed<'a> {
+            version: u32,
+            group: &'a str,
+            mark: &'a ReadMark,
+            keys: &'a ParkedKeys,
+        }
+        let checkpoint = Borrowed {
+            version: Checkpoint::VERSION,
+            group,
+            mark,
+            keys,
+        };
+        // Serializing maps, sets, strings and numbers cannot fail.
+        Bytes::from(serde_json::to_vec(&checkpoint).unwrap_or_default())
+    }
+
+    /// The checkpoint in `bytes`, if it is one of this version for `group` (anything else is
+    /// ignored, logged: the read starts from the beginning).
+    fn decode(group: &str, bytes: &[u8]) -> Option<Checkpoint> {
+        match serde_json::from_slice::<Checkpoint>(bytes) {
+            Ok(c) if c.version == Checkpoint::VERSION && c.group == group => Some(c),
+            Ok(c) => {
+                tracing::warn!(version = c.version, group = %c.group, "ignoring a parked keys' checkpoint of another version or group; reading the dead-letter destination from its start");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring an unreadable parked keys' checkpoint; reading the dead-letter destination from its start");
+                None
+            }
+        }
+    }
+}
+
+/// Maps keyed by `Bytes` (keys need not be UTF-8), as a list of pairs.
+mod bytes_keys {
+    use std::collections::BTreeMap;
+
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer, V: Serialize>(map: &BTreeMap<Bytes, V>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(map.iter().map(|(k, v)| (k.as_ref(), v)))
+    }
+
+    pub fn deserialize<'de, D, V>(d: D) -> Result<BTreeMap<Bytes, V>, D::Error>
+    where
+        D: Deserializer<'de>,
+        V: Deserialize<'de>,
+    {
+        let pairs: Vec<(Vec<u8>, V)> = Vec::deserialize(d)?;
+        Ok(pairs.into_iter().map(|(k, v)| (Bytes::from(k), v)).collect())
     }
 }
 
@@ -624,7 +768,7 @@ fn replay_id() -> String {
 }
 
 /// What a record of the dead-letter destination changes, if it is `group`'s and about parking.
-fn change_of(group: &str, record: &Message) -> Option<(Bytes, ParkingChange)> {
+fn change_of(group: &str, record: &Message, payloads: Payloads) -> Option<(Bytes, ParkingChange)> {
     let headers = &record.headers;
     if headers.get_str(DL_GROUP) != Some(group) {
         return None;
@@ -653,7 +797,7 @@ fn change_of(group: &str, record: &Message) -> Option<(Bytes, ParkingChange)> {
             replay: ReplayTag::of(headers),
             failed: cause != DeadLetterCause::Parked.as_str(),
             topic: headers.get_str(DL_SOURCE).and_then(topic_of),
-            record: Some(record.clone()),
+            record: (payloads == Payloads::Keep).then(|| record.clone()),
         }))
     } else {
         return None;
@@ -792,6 +936,213 @@ mod tests {
             replay_order(&keys, b"a"),
             ["t/1@21", "t/1@22", "t/1@20"],
             "the replay's own first"
+        );
+    }
+
+    /// A destination read from marks (offsets of `t.dlq/0`), with a checkpoint store.
+    struct Marked {
+        records: std::sync::Mutex<Vec<Message>>,
+        checkpoint: std::sync::Mutex<Option<Bytes>>,
+        /// Records each read returned.
+        reads: std::sync::Mutex<Vec<usize>>,
+    }
+
+    impl Marked {
+        fn new(records: &[Message]) -> Marked {
+            Marked {
+                records: std::sync::Mutex::new(records.to_vec()),
+                checkpoint: std::sync::Mutex::default(),
+                reads: std::sync::Mutex::default(),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl DeadLetterSink for Marked {
+        async fn publish(&self, _: &DeadLetter) -> Result<(), TransportError> {
+            Ok(())
+        }
+
+        async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+            Ok(self.records.lock().unwrap().clone())
+        }
+
+        async fn read_back_after(
+            &self,
+            mark: Option<&ReadMark>,
+        ) -> Result<crate::dead_letter::ReadBack, TransportError> {
+            let from = mark
+                .and_then(ReadMark::next_offsets)
+                .and_then(|m| m.get(&0).copied())
+                .unwrap_or(0);
+            let all = self.records.lock().unwrap();
+            let records: Vec<Message> = all.iter().filter(|r| r.offset >= from).cloned().collect();
+            self.reads.lock().unwrap().push(records.len());
+            let next = BTreeMap::from([(0, all.len() as u64)]);
+            Ok(crate::dead_letter::ReadBack {
+                records,
+                mark: Some(ReadMark::of_next_offsets(&next)),
+            })
+        }
+
+        async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+            assert_eq!(group, "g");
+            Ok(self.checkpoint.lock().unwrap().clone())
+        }
+
+        async fn save_checkpoint(&self, _: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+            *self.checkpoint.lock().unwrap() = Some(checkpoint);
+            Ok(())
+        }
+    }
+
+    /// Everything a parked key's state says, comparable (sets sorted).
+    fn summary(keys: &ParkedKeys) -> Vec<String> {
+        let sorted = |set: &HashSet<String>| {
+            let mut v: Vec<&String> = set.iter().collect();
+            v.sort();
+            format!("{v:?}")
+        };
+        let record = |r: &ParkedRecord| {
+            format!(
+                "{:?} {:?} {:?} {} {:?}",
+                r.id, r.stored, r.replay, r.failed, r.topic
+            )
+        };
+        let mut lines: Vec<String> = keys
+            .iter()
+            .map(|(key, p)| {
+                format!(
+                    "{key:?}: pending {:?} replayed {} replaying {:?} of {:?} last {:?} ended {}",
+                    p.to_replay().into_iter().map(record).collect::<Vec<_>>(),
+                    sorted(&p.replayed),
+                    p.replaying,
+                    p.replaying_records.iter().map(record).collect::<Vec<_>>(),
+                    p.last_replay,
+                    sorted(&p.ended)
+                )
+            })
+            .collect();
+        lines.extend(
+            keys.ended
+                .iter()
+                .map(|(key, ended)| format!("{key:?} ended {}", sorted(ended))),
+        );
+        lines
+    }
+
+    /// Two keys through failures, replays (one failing again), set-asides and ends.
+    fn history() -> Destination {
+        let mut d = Destination::default();
+        d.failed("a", 3, None).parked("a", 4, None).failed("b", 7, None);
+        d.parked("a", 5, None).parked("b", 8, None);
+        d.replay("a", "r1 0/3", &[0, 1, 3]);
+        d.parked("a", 20, None).parked("b", 9, None);
+        d.failed("a", 21, Some("r1 2/3")).parked("a", 22, Some("r1 3/3"));
+        d.done("a", "r1 3/3");
+        d.replay("b", "r2 0/3", &[2, 4, 7]).done("b", "r2 3/3");
+        d.replay("a", "r3 0/3", &[9, 10, 6]).done("a", "r3 3/3");
+        d.failed("a", 30, None);
+        d
+    }
+
+    #[tokio::test]
+    async fn a_read_back_from_a_checkpoint_knows_what_a_whole_read_knows() {
+        let d = history();
+        let whole = summary(&ParkedKeys::read("g", &d.0));
+        assert!(!whole.is_empty());
+        for split in 0..=d.0.len() {
+            // A checkpoint saved after the first `split` records, then the rest written.
+            let sink = Marked::new(&d.0[..split]);
+            let first = ParkedKeys::catch_up("g", &sink, 1).await.unwrap();
+            assert_eq!(first.saved, split > 0);
+            sink.records.lock().unwrap().extend_from_slice(&d.0[split..]);
+            let caught_up = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
+            assert_eq!(caught_up.from_checkpoint, split > 0);
+            assert_eq!(
+                caught_up.read,
+                d.0.len() - split,
+                "only what came after the checkpoint"
+            );
+            assert_eq!(
+                summary(&caught_up.keys),
+                whole,
+                "checkpoint after {split} records"
+            );
+            assert!(
+                caught_up
+                    .keys
+                    .iter()
+                    .flat_map(|(_, p)| &p.pending)
+                    .all(|r| r.record.is_none()),
+                "an engine's read-back holds no messages"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_of_another_group_or_version_is_ignored() {
+        let d = history();
+        let sink = Marked::new(&d.0);
+        *sink.checkpoint.lock().unwrap() = Some(Checkpoint::encode(
+            "other",
+            &ReadMark("0:9".into()),
+            &ParkedKeys::default(),
+        ));
+        let caught_up = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
+        assert!(!caught_up.from_checkpoint);
+        assert_eq!(caught_up.read, d.0.len(), "read from the start");
+        *sink.checkpoint.lock().unwrap() = Some(Bytes::from_static(b"{not json"));
+        let caught_up = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
+        assert_eq!(summary(&caught_up.keys), summary(&ParkedKeys::read("g", &d.0)));
+    }
+
+    #[tokio::test]
+    async fn a_million_dead_letters_with_ten_parked_keys_read_back_in_proportion() {
+        // Ten parked keys, then a million records of other keys and groups, written in
+        // stretches with read-backs between them (an engine reads back after writing
+        // `checkpoint_after` records), then a stretch too short to have been checkpointed: an
+        // assignment reads that stretch, not the history.
+        let mut d = Destination::default();
+        for k in 0..10 {
+            d.failed(&format!("parked-{k}"), k, None);
+        }
+        let sink = Marked::new(&d.0);
+        let mut headers = Headers::new();
+        headers.insert(DL_GROUP, "another-group");
+        headers.insert(DL_CAUSE, "terminal");
+        let write = |n: usize| {
+            let mut records = sink.records.lock().unwrap();
+            for _ in 0..n {
+                let offset = records.len() as u64;
+                records.push(Message {
+                    key: Some(Bytes::from(format!("k{offset}"))),
+                    payload: Bytes::from_static(&[0; 100]),
+                    headers: headers.clone(),
+                    source: SourceId::new("t.dlq/0"),
+                    offset,
+                });
+            }
+            records.len()
+        };
+        while write(CHECKPOINT_AFTER) < 1_000_000 {
+            ParkedKeys::catch_up("g", &sink, CHECKPOINT_AFTER).await.unwrap();
+        }
+        let total = write(CHECKPOINT_AFTER - 1);
+        let assignment = ParkedKeys::catch_up("g", &sink, CHECKPOINT_AFTER).await.unwrap();
+        assert!(total > 1_000_000);
+        assert_eq!(assignment.keys.len(), 10);
+        assert!(assignment.from_checkpoint);
+        assert_eq!(
+            assignment.read,
+            2 * CHECKPOINT_AFTER - 1,
+            "the stretch since the last checkpoint (and the one the last read read)"
+        );
+        let checkpoint = sink.checkpoint.lock().unwrap().clone().unwrap();
+        assert!(
+            checkpoint.len() < 10_000,
+            "a checkpoint of ten keys: {} bytes",
+            checkpoint.len()
         );
     }
 

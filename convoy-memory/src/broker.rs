@@ -244,6 +244,8 @@ pub(crate) struct Joining {
 #[derive(Default)]
 struct State {
     topics: HashMap<String, Topic>,
+    /// Checkpoints of parked keys, by dead-letter topic and group.
+    checkpoints: HashMap<(String, String), Bytes>,
     groups: HashMap<String, Group>,
     members: HashMap<u64, Member>,
     next_member: u64,
@@ -374,6 +376,52 @@ impl MemoryBroker {
                 p.log.iter().map(move |r| r.to_message(&source))
             })
             .collect()
+    }
+
+    /// The records of `topic` from the offsets given per partition on (0 for a partition not
+    /// named), and the offset after each partition's last record.
+    pub fn read_from(
+        &self,
+        topic: &str,
+        from: &BTreeMap<u32, Offset>,
+    ) -> (Vec<Message>, BTreeMap<u32, Offset>) {
+        let state = self.state();
+        let Some(t) = state.topics.get(topic) else {
+            return (Vec::new(), from.clone());
+        };
+        let mut records = Vec::new();
+        let mut next = BTreeMap::new();
+        for (i, p) in t.partitions.iter().enumerate() {
+            let partition = i as u32;
+            let start = from.get(&partition).copied().unwrap_or(0);
+            let source = source_id(topic, partition);
+            records.extend(
+                p.log
+                    .iter()
+                    .filter(|r| r.offset >= start)
+                    .map(|r| r.to_message(&source)),
+            );
+            next.insert(
+                partition,
+                p.log.last().map_or(start, |r| (r.offset + 1).max(start)),
+            );
+        }
+        (records, next)
+    }
+
+    /// Keeps `checkpoint` as `group`'s latest for dead-letter topic `topic`.
+    pub fn save_checkpoint(&self, topic: &str, group: &str, checkpoint: Bytes) {
+        self.state()
+            .checkpoints
+            .insert((topic.to_owned(), group.to_owned()), checkpoint);
+    }
+
+    /// `group`'s latest checkpoint for dead-letter topic `topic`.
+    pub fn load_checkpoint(&self, topic: &str, group: &str) -> Option<Bytes> {
+        self.state()
+            .checkpoints
+            .get(&(topic.to_owned(), group.to_owned()))
+            .cloned()
     }
 
     /// The newest offset of each source, if the source exists and is not empty.

@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use convoy_core::transform::{Outbox, StagingOutbox, DEFAULT_MAX_TRANSACTION_BYTES};
-use convoy_core::transport::{Commit, PrefetchLimit, SourceControl, Subscription};
+use convoy_core::transport::{Commit, PrefetchLimit, ReadBack, ReadMark, SourceControl, Subscription};
 use convoy_core::{
     DeadLetter, DeadLetterSink, Message, Offset, OutgoingMessage, Publisher, Receipt, SourceId, Transport,
     TransportError,
@@ -231,5 +232,23 @@ impl DeadLetterSink for MemoryDeadLetterSink {
 
     async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
         Ok(self.broker.read_all(&self.topic))
+    }
+
+    async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
+        let from = mark.and_then(ReadMark::next_offsets).unwrap_or_default();
+        let (records, next) = self.broker.read_from(&self.topic, &from);
+        Ok(ReadBack {
+            records,
+            mark: Some(ReadMark::of_next_offsets(&next)),
+        })
+    }
+
+    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+        Ok(self.broker.load_checkpoint(&self.topic, group))
+    }
+
+    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+        self.broker.save_checkpoint(&self.topic, group, checkpoint);
+        Ok(())
     }
 }

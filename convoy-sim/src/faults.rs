@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use bytes::Bytes;
+use convoy_core::transport::{ReadBack, ReadMark};
 use convoy_core::{DeadLetter, DeadLetterSink, Message, TransportError};
 use convoy_memory::MemoryDeadLetterSink;
 use tokio::sync::Notify;
@@ -105,6 +107,30 @@ impl DeadLetterSink for FaultySink {
         self.pass(|f| f.read_back_hangs, |f| f.read_back_fails, "reads")
             .await?;
         self.inner.read_back().await
+    }
+
+    async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
+        self.pass(|f| f.read_back_hangs, |f| f.read_back_fails, "reads")
+            .await?;
+        self.inner.read_back_after(mark).await
+    }
+
+    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+        self.pass(|f| f.read_back_hangs, |f| f.read_back_fails, "reads")
+            .await?;
+        self.inner.load_checkpoint(group).await
+    }
+
+    /// A checkpoint is a write: it fails (and hangs) when publishing does.
+    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+        self.pass(|f| f.publish_hangs, |f| f.publish_fails, "writes")
+            .await?;
+        self.inner.save_checkpoint(group, checkpoint).await?;
+        self.shared
+            .ledger()
+            .trace
+            .event(format_args!("m{} saves a parked keys' checkpoint", self.member));
+        Ok(())
     }
 }
 

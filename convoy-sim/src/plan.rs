@@ -67,6 +67,9 @@ pub struct Plan {
     /// Steps of the faulty phase (each advances the clock a little and may inject a fault).
     pub steps: usize,
     pub park_keys: bool,
+    /// Records a read-back reads past its group's checkpoint before it saves a new one (small
+    /// in half of the seeds, so that checkpoints are saved and read back).
+    pub park_checkpoint_after: usize,
     /// The members run a transform whose outputs commit in transactions (exactly once); its
     /// transactions carry at most `transaction_bytes`, and what members hold (staged outputs
     /// included) is bounded by `bytes_high`.
@@ -133,6 +136,13 @@ impl Plan {
         };
         let members = rng.usize(1..=3);
         let transform = rng.f64() < 0.3;
+        // Drawn apart, so that adding it left every other choice of a seed as it was.
+        let mut apart = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
+        let park_checkpoint_after = if apart.bool() {
+            apart.usize(1..=6)
+        } else {
+            convoy_core::parking::CHECKPOINT_AFTER
+        };
         Plan {
             seed,
             members,
@@ -143,6 +153,7 @@ impl Plan {
             steps: rng.usize(40..=140),
             // An exactly-once transform does not park keys (refused at start).
             park_keys: rng.f64() < 0.4 && !transform,
+            park_checkpoint_after,
             transform,
             delivery_offsets: rng.f64() < 0.2,
             transaction_bytes: rng.usize(100..=2000),
@@ -176,7 +187,7 @@ impl fmt::Display for Plan {
             .collect();
         write!(
             f,
-            "seed {}: {} members (≤ {}), topics {}, {} keys, {} messages, {} steps, park_keys {}, transform {}, delivery offsets {}, stuck {:?}, keyless {:?}, drain {:?}, rebalance {:?}, session {:?}, bounds {}/{}",
+            "seed {}: {} members (≤ {}), topics {}, {} keys, {} messages, {} steps, park_keys {} (checkpoint after {}), transform {}, delivery offsets {}, stuck {:?}, keyless {:?}, drain {:?}, rebalance {:?}, session {:?}, bounds {}/{}",
             self.seed,
             self.members,
             self.max_members,
@@ -185,6 +196,7 @@ impl fmt::Display for Plan {
             self.messages,
             self.steps,
             self.park_keys,
+            self.park_checkpoint_after,
             self.transform,
             self.delivery_offsets,
             self.stuck_timeout,

@@ -111,6 +111,7 @@ impl World {
         config.stuck_timeout = self.plan.stuck_timeout;
         config.keyless = self.plan.keyless;
         config.park_keys = self.plan.park_keys;
+        config.park_checkpoint_after = self.plan.park_checkpoint_after;
         let mut retry = RetryPolicy::with_backoff(Backoff::new(
             Duration::from_millis(5),
             2.0,

@@ -77,7 +77,10 @@ impl LaneContext {
             group: group.to_owned(),
             metrics: LaneMetrics::new(group),
             runs: self.runs.clone(),
-            parking: self.parking.as_ref().map(|_| Arc::new(Parking::new(group))),
+            parking: self
+                .parking
+                .as_ref()
+                .map(|p| Arc::new(Parking::new(group, p.checkpoint_after()))),
         }
     }
 }

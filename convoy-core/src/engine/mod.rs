@@ -162,10 +162,12 @@ impl EngineBuilder {
                 runs: self
                     .batched
                     .filter(|b| b.config().per_key > 1 && !self.config.park_keys),
-                parking: self
-                    .config
-                    .park_keys
-                    .then(|| Arc::new(Parking::new(self.config.group_or_default()))),
+                parking: self.config.park_keys.then(|| {
+                    Arc::new(Parking::new(
+                        self.config.group_or_default(),
+                        self.config.park_checkpoint_after,
+                    ))
+                }),
                 outbox: None,
             }),
             config: self.config,

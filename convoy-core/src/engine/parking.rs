@@ -1,7 +1,7 @@
 //! The engine's view of its group's parked keys (see [`crate::parking`]): read back from the
 //! dead-letter destination whenever sources are assigned (the previous owner's records are
-//! there), kept current as lanes set messages aside and end replays, and asked by each lane
-//! before it handles a keyed message.
+//! there) — its group's last checkpoint and what was written after it — kept current as lanes
+//! set messages aside and end replays, and asked by each lane before it handles a keyed message.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +31,11 @@ pub(crate) struct Parking {
     reading: tokio::sync::Mutex<()>,
     /// How many keys are parked: while none is, lanes skip the lock (the common case).
     parked: AtomicUsize,
+    /// Records this engine wrote since its last read-back: at `checkpoint_after` it reads
+    /// back again (and so saves a checkpoint), which keeps the next assignment's read short
+    /// even when no rebalance comes for a long time.
+    written: AtomicUsize,
+    checkpoint_after: usize,
     keys: Gauge,
 }
 
@@ -71,7 +76,7 @@ pub(crate) enum Gate {
 }
 
 impl Parking {
-    pub fn new(group: &str) -> Parking {
+    pub fn new(group: &str, checkpoint_after: usize) -> Parking {
         crate::metrics::describe();
         let keys = metrics::gauge!(crate::metrics::PARKED_KEYS, "group" => group.to_owned());
         keys.set(0.0);
@@ -80,6 +85,8 @@ impl Parking {
             state: Mutex::default(),
             marks: Mutex::default(),
             reading: tokio::sync::Mutex::new(()),
+            written: AtomicUsize::new(0),
+            checkpoint_after,
             parked: AtomicUsize::new(0),
             keys,
         }
@@ -236,11 +243,23 @@ impl Parking {
     /// aside.
     pub fn set_aside(&self, message: &Message, id: Option<String>, failed: bool) {
         if let Some(key) = message.ordering_key().cloned() {
+            self.written.fetch_add(1, Ordering::Relaxed);
             self.record(
                 key,
                 ParkingChange::SetAside(Box::new(ParkedRecord::of(message, id, failed))),
             );
         }
+    }
+
+    /// Records read past a checkpoint before a new one is saved.
+    pub fn checkpoint_after(&self) -> usize {
+        self.checkpoint_after
+    }
+
+    /// True once this engine wrote enough records since its last read-back that the next
+    /// assignment would read far: time to read back (and save a checkpoint).
+    pub fn checkpoint_due(&self) -> bool {
+        self.written.load(Ordering::Relaxed) >= self.checkpoint_after
     }
 
     /// Reads the dead-letter destination back and replaces the view with it (changes made
@@ -249,10 +268,11 @@ impl Parking {
     pub async fn read_back(&self, sink: &dyn DeadLetterSink) {
         let _one = self.reading.lock().await;
         self.state().journal = Some(Vec::new());
+        self.written.store(0, Ordering::Relaxed);
         let mut wait = Duration::from_millis(100);
-        let records = loop {
-            match sink.read_back().await {
-                Ok(records) => break records,
+        let caught_up = loop {
+            match ParkedKeys::catch_up(&self.group, sink, self.checkpoint_after).await {
+                Ok(caught_up) => break caught_up,
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot read the dead-letter destination back to learn the parked keys; retrying");
                     tokio::time::sleep(wait).await;
@@ -260,7 +280,13 @@ impl Parking {
                 }
             }
         };
-        let mut keys = ParkedKeys::read(&self.group, &records);
+        tracing::debug!(
+            read = caught_up.read,
+            from_checkpoint = caught_up.from_checkpoint,
+            saved = caught_up.saved,
+            "dead-letter destination read back"
+        );
+        let mut keys = caught_up.keys;
         let mut state = self.state();
         for (key, change) in state.journal.take().unwrap_or_default() {
             keys.apply(key, change);
@@ -363,7 +389,7 @@ mod tests {
             records: Destination::default(),
             through: tokio::sync::Semaphore::new(0),
         };
-        let parking = Parking::new("g");
+        let parking = Parking::new("g", crate::parking::CHECKPOINT_AFTER);
         parking.set_aside(&message("k", 1, None), id(1), true);
         let anonymous = message("k", 2, None);
         let known_by = Parking::record_id(None);
@@ -383,7 +409,7 @@ mod tests {
 
     #[test]
     fn a_parked_key_sets_aside_its_later_messages_once_each() {
-        let parking = Parking::new("g");
+        let parking = Parking::new("g", crate::parking::CHECKPOINT_AFTER);
         let gate = |m: &Message, read| parking.gate(m, id(m.offset).as_deref(), read);
         assert_eq!(gate(&message("k", 1, None), false), Gate::Free);
         parking.set_aside(&message("k", 1, None), id(1), true);
@@ -425,7 +451,7 @@ mod tests {
         };
         destination.add("k", &parked(1));
         destination.add("k", &parked(2));
-        let parking = Parking::new("g");
+        let parking = Parking::new("g", crate::parking::CHECKPOINT_AFTER);
         let gate = |m: &Message| parking.gate(m, id(m.offset).as_deref(), false);
         parking.read_back(&destination).await;
         assert_eq!(
@@ -493,7 +519,7 @@ mod tests {
                 (REPLAY_OF, "t.dlq/0@0".to_owned()),
             ],
         );
-        let parking = Parking::new("g");
+        let parking = Parking::new("g", crate::parking::CHECKPOINT_AFTER);
         parking.read_back(&destination).await;
         let gate = |m: &Message| parking.gate(m, id(m.offset).as_deref(), false);
         let first = message("k", 5, Some("r1 1/3"));
@@ -508,7 +534,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dead_letter_that_parks_waits_for_the_commit_below_it() {
-        let parking = Parking::new("g");
+        let parking = Parking::new("g", crate::parking::CHECKPOINT_AFTER);
         let source = SourceId::new("t/0");
         let head = message("k", 9, None);
         parking.source_assigned(&source);

@@ -298,7 +298,7 @@ proptest! {
             let mut world = World {
                 partition: Arc::new(Log::new("t/0")),
                 destination: Log::new("t.dlq/0"),
-                parking: Parking::new("g"),
+                parking: Parking::new("g", crate::parking::CHECKPOINT_AFTER),
                 next: 0,
                 published: 0,
                 failing,

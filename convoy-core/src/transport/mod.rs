@@ -33,6 +33,9 @@ mod group;
 mod lease;
 mod member;
 
+/// What a dead-letter sink that reads its destination from a mark implements
+/// ([`DeadLetterSink::read_back_after`](crate::DeadLetterSink::read_back_after)).
+pub use crate::dead_letter::{ReadBack, ReadMark};
 pub use batches::BatchSender;
 pub use departure::Departure;
 pub use group::{Ended, GroupLocks, GroupMember, LockLoss, MemberTiming, PartitionReader};

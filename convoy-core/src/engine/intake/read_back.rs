@@ -122,6 +122,18 @@ impl Intake {
         self.apply_flow();
     }
 
+    /// Starts a read-back when this engine wrote enough records since its last one (it then
+    /// saves a checkpoint): called on ticks, so that an assignment after a long quiet stretch
+    /// still reads little. No source waits for it.
+    pub(super) fn read_back_if_checkpoint_due(&mut self) {
+        let Some((parking, sink)) = self.parking.clone() else {
+            return;
+        };
+        if parking.checkpoint_due() && !self.read_backs.busy() {
+            self.read_backs.start(parking, sink);
+        }
+    }
+
     /// Since when the longest-waiting source waits for its read-back.
     pub(super) fn read_back_waiting_since(&self) -> Option<Instant> {
         self.sources

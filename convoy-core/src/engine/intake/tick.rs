@@ -18,6 +18,9 @@ impl Intake {
         self.check_stuck();
         self.report_gauges();
         self.report_stall();
+        if self.stopping.is_none() {
+            self.read_back_if_checkpoint_due();
+        }
         if self.outbox.is_some() {
             // A transform's staged outputs also shrink outside the loop's events (the transport
             // releases a source's outputs with its ownership): look at the bytes gate again.
