@@ -181,6 +181,32 @@ pub(crate) async fn read_stream_to(
     result
 }
 
+/// True if the dead-letter stream `name` exists (the registry lists topics, not these).
+pub async fn dead_letter_stream_exists(config: &AmqpConfig, name: &str) -> Result<bool, TransportError> {
+    let connection = connect(config, "admin").await?;
+    let result = topology::exists(&connection, false, name)
+        .await
+        .map_err(TransportError::from);
+    crate::connect::close(&connection, "done").await;
+    result
+}
+
+/// Deletes the dead-letter stream `name` and every dead letter in it.
+pub async fn delete_dead_letter_stream(config: &AmqpConfig, name: &str) -> Result<(), TransportError> {
+    let connection = connect(config, "admin").await?;
+    let result = async {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| broker("opening a channel", e))?;
+        topology::delete_queue(&channel, name).await?;
+        Ok::<(), TransportError>(())
+    }
+    .await;
+    crate::connect::close(&connection, "done").await;
+    result
+}
+
 /// Deletes `topic`'s exchange and `config.group`'s queues of it, and the queue `also` (a
 /// dead-letter stream), if given: for tests that clean up after themselves.
 pub async fn delete_topic(

@@ -183,7 +183,7 @@ pub struct Declared {
 
 /// True if an exchange (`exchange`) or a queue named `name` exists (a passive declare, on a
 /// channel of its own: a miss closes it).
-async fn exists(conn: &Connection, exchange: bool, name: &str) -> Result<bool, TopologyError> {
+pub(crate) async fn exists(conn: &Connection, exchange: bool, name: &str) -> Result<bool, TopologyError> {
     on_own_channel(conn, |channel| async move {
         let answer = if exchange {
             let passive = ExchangeDeclareOptions {

@@ -12,7 +12,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// setup, lives inside this one process), `kafka://host:port`, `amqp://user:password@host:port/vhost`
 /// or `nats://host:port`. Settings come from flags, then
 /// CONVOY_* environment variables (CONVOY_URL, CONVOY_GROUP, CONVOY_TOPICS, CONVOY_DLQ_TOPIC,
-/// CONVOY_PARTITIONS), then --config FILE (TOML with the same names).
+/// CONVOY_PARTITIONS), then --config FILE (TOML with the same names); the parameters of a
+/// --url count as flags. Without a group named, the group is `convoy`.
 ///
 /// Logs go to stderr: lifecycle events of `consume` at INFO, warnings elsewhere (RUST_LOG
 /// overrides), coloured only on a terminal and never with NO_COLOR set.
@@ -26,10 +27,11 @@ pub struct Cli {
     /// 'amqp://guest:guest@127.0.0.1:5672/%2f' or nats://127.0.0.1:4222.
     #[arg(long, global = true, help_heading = BROKER)]
     pub url: Option<String>,
-    /// TOML file with url, group, topics, dlq_topic, partitions and [properties].
+    /// TOML file with url, group, topics, dlq_topic, partitions, [properties] and [engine]
+    /// (the engine's settings, as in CONVOY_ENGINE_*).
     #[arg(long, global = true, help_heading = BROKER, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Consumer group.
+    /// Consumer group (default: convoy).
     #[arg(long, global = true, help_heading = BROKER)]
     pub group: Option<String>,
     /// Topic to consume or publish to (repeat for several).
@@ -290,8 +292,9 @@ pub struct ConsumeArgs {
     /// (seconds; by default 25, which fits Kubernetes' 30 s grace period).
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_timeout_s: Option<u64>,
-    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898 (GET /metrics).
-    #[arg(long, value_name = "ADDR")]
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898 or localhost:9898
+    /// (GET /metrics).
+    #[arg(long, value_name = "HOST:PORT", value_parser = socket_addr)]
     pub metrics_addr: Option<SocketAddr>,
     /// Do not print each message.
     #[arg(long)]
@@ -389,4 +392,15 @@ fn parse_pair(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| format!("expected NAME=VALUE, got {text:?}"))
+}
+
+/// `HOST:PORT` (a name such as `localhost` is looked up): the first address it names.
+fn socket_addr(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let text = text.trim();
+    let text = text.strip_prefix("http://").unwrap_or(text).trim_end_matches('/');
+    text.to_socket_addrs()
+        .map_err(|e| format!("{e}: give HOST:PORT, e.g. 127.0.0.1:9898"))?
+        .next()
+        .ok_or_else(|| format!("{text} names no address: give HOST:PORT, e.g. 127.0.0.1:9898"))
 }

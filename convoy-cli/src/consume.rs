@@ -139,6 +139,9 @@ async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, cr
         return Err("name the topics to consume with --topic (or ?topics= in the URL)".into());
     }
     let connection = fit_to_topics(connection, config, args.create).await?;
+    if let Some(to) = &args.forward_to {
+        forward_target_exists(&connection, to, args.create).await?;
+    }
     if args.commit_interval_ms == Some(0) {
         return Err("--commit-interval-ms must be > 0".into());
     }
@@ -210,6 +213,32 @@ async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, cr
     })
 }
 
+/// `--forward-to`'s topic exists (or, with `--create`, is created): a typo must not make a
+/// topic (Kafka would auto-create it with one partition).
+async fn forward_target_exists(
+    connection: &convoy::Connection,
+    to: &str,
+    create: bool,
+) -> Result<(), String> {
+    if connection.endpoint().scheme == "memory" {
+        return Ok(());
+    }
+    let listed = connection.list_topics().await.map_err(|e| e.to_string())?;
+    if listed.iter().any(|t| t.name == to) {
+        return Ok(());
+    }
+    if !create {
+        return Err(format!(
+            "topic {to} (--forward-to) does not exist on this broker: create it with \
+             `convoy topic create {to} --partitions N`, or pass --create"
+        ));
+    }
+    connection
+        .create_topic(to, connection.endpoint().partitions)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// Runs until the engine stops: a signal, a closed stdout, `--max-messages`.
 async fn until_stopped(
     running: convoy::EngineHandle,
@@ -267,9 +296,10 @@ fn summarize(report: &EngineReport) {
         String::new()
     };
     eprintln!(
-        "stopped: {} handled, {} dead-lettered, {} duplicates skipped, {} retries{cancelled}; committed watermarks: {}",
+        "stopped: {} handled, {} dead-lettered, {} set aside behind a parked key, {} duplicates skipped, {} retries{cancelled}; committed watermarks: {}",
         s.handled,
         s.dead_lettered,
+        s.parked,
         s.duplicates,
         s.retries,
         if committed.is_empty() {

@@ -14,13 +14,18 @@ const ERROR_WIDTH: usize = 60;
 
 pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResult {
     let connection = connect(config).await?;
+    topics_exist(&connection).await?;
+    let group = connection.endpoint().group.clone();
+    let by_group = dlq::parked_by_group(&connection)
+        .await
+        .map_err(|e| e.to_string())?;
+    let own = by_group.get(&group).cloned().unwrap_or_default();
     match command {
         DlqCommand::List { selection, json } => {
             let records = dlq::list(&connection, &selection_of(selection))
                 .await
                 .map_err(|e| e.to_string())?;
-            let parked = dlq::parked(&connection).await.map_err(|e| e.to_string())?;
-            let mut parked: Vec<_> = parked.iter().collect();
+            let mut parked: Vec<_> = own.iter().collect();
             parked.sort_by(|a, b| a.0.cmp(b.0));
             if json {
                 for r in &records {
@@ -54,11 +59,18 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
                 }
             }
             eprintln!(
-                "{} dead letters in {}, {} keys parked",
+                "{} dead letters in {}, {} keys parked in group {group}",
                 records.len(),
                 connection.dlq_topic().map_err(|e| e.to_string())?,
                 parked.len()
             );
+            for (other, keys) in by_group.iter().filter(|(g, _)| **g != group) {
+                eprintln!(
+                    "{} keys parked in group {other} ({}): name the group to see or replay them (group={other} in the URL, or --group {other})",
+                    keys.len(),
+                    shown_keys(keys)
+                );
+            }
         }
         DlqCommand::Replay {
             selection,
@@ -84,7 +96,7 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
             if selection.is_empty() && !all {
                 return Err("select what to replay with --key, --reason or --offsets, or pass --all".into());
             }
-            let parked = dlq::parked(&connection).await.map_err(|e| e.to_string())?;
+            let parked = &own;
             // A parked key named by --key is replayed whole; other selections leave every
             // parked key's messages alone (a part of one replayed out of order would break it).
             let whole: Vec<String> = selection
@@ -93,12 +105,53 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResul
                 .filter(|k| parked.get(k.as_bytes()).is_some())
                 .cloned()
                 .collect();
-            let records: Vec<_> = dlq::list(&connection, &selection_of(selection))
+            if !whole.is_empty() && (selection.reason.is_some() || selection.offsets.is_some()) {
+                return Err(format!(
+                    "{} is parked in group {group}: a parked key is replayed whole, in its order, and --reason and --offsets pick single dead letters; drop them to replay the key",
+                    whole.join(", ")
+                )
+                .into());
+            }
+            for key in selection
+                .keys
+                .iter()
+                .filter(|k| parked.get(k.as_bytes()).is_none())
+            {
+                if let Some((other, _)) = by_group
+                    .iter()
+                    .find(|(_, keys)| keys.get(key.as_bytes()).is_some())
+                {
+                    return Err(format!(
+                        "{key} is parked in group {other}, not in {group} (the group this command names): \
+                         name it (group={other} in the URL, or --group {other}); its dead letters replayed now \
+                         would only be set aside again behind the parked key"
+                    )
+                    .into());
+                }
+            }
+            let selected = dlq::list(&connection, &selection_of(selection))
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            let before = selected.len();
+            // A dead letter of a key parked in its own group stays: the key is replayed whole.
+            let records: Vec<_> = selected
                 .into_iter()
-                .filter(|r| r.message.key.as_ref().is_none_or(|k| parked.get(k).is_none()))
+                .filter(|r| {
+                    let parked_in = by_group.get(&r.group).unwrap_or(parked);
+                    r.message.key.as_ref().is_none_or(|k| parked_in.get(k).is_none())
+                })
                 .collect();
+            let left_out = before - records.len();
+            if left_out
+                > whole
+                    .iter()
+                    .map(|k| parked.get(k.as_bytes()).map_or(0, |p| p.pending()))
+                    .sum::<usize>()
+            {
+                eprintln!(
+                    "left out: dead letters of parked keys (a parked key is replayed whole, by --key and in its group; `dlq list` names them)"
+                );
+            }
             if dry_run {
                 print_table(&records)?;
                 for key in &whole {
@@ -151,6 +204,38 @@ fn print_all_replayed<'a>(records: impl Iterator<Item = &'a convoy::Message>, re
         if line.is_err() {
             return;
         }
+    }
+}
+
+/// A few of `keys`, for a line of text.
+fn shown_keys(keys: &convoy::parking::ParkedKeys) -> String {
+    let mut shown: Vec<String> = keys
+        .iter()
+        .take(5)
+        .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    if keys.len() > shown.len() {
+        shown.push("…".to_owned());
+    }
+    shown.join(", ")
+}
+
+/// The topics the command names exist: a misspelled one is an error, not an empty listing.
+async fn topics_exist(connection: &convoy::Connection) -> Result<(), String> {
+    let endpoint = connection.endpoint();
+    if endpoint.scheme == "memory" || endpoint.topics.is_empty() {
+        return Ok(());
+    }
+    let listed = connection.list_topics().await.map_err(|e| e.to_string())?;
+    match endpoint
+        .topics
+        .iter()
+        .find(|t| !listed.iter().any(|l| &&l.name == t))
+    {
+        Some(missing) => Err(format!(
+            "topic {missing} does not exist on this broker (`convoy topic list` shows what does)"
+        )),
+        None => Ok(()),
     }
 }
 

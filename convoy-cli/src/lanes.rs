@@ -17,12 +17,13 @@ use crate::cli::LanesArgs;
 use crate::out::{out, out_part};
 
 pub async fn run(args: &LanesArgs) -> crate::CliResult {
+    let addr = host_port(&args.addr);
     loop {
-        let body = fetch(&args.addr, &format!("/lanes?top={}", args.top)).await?;
+        let body = fetch(addr, &format!("/lanes?top={}", args.top)).await?;
         let view: Value = serde_json::from_str(&body)
-            .map_err(|e| format!("{} did not answer with the lanes' JSON: {e}", args.addr))?;
+            .map_err(|e| format!("{addr} did not answer with the lanes' JSON: {e}"))?;
         if let Some(error) = view.get("error").and_then(Value::as_str) {
-            return Err(format!("{}: {error}", args.addr).into());
+            return Err(format!("{addr}: {error}").into());
         }
         if args.json {
             out!("{view}")?;
@@ -39,10 +40,21 @@ pub async fn run(args: &LanesArgs) -> crate::CliResult {
     }
 }
 
+/// `HOST:PORT` of what the user gave: also the address `consume` printed
+/// (`http://127.0.0.1:9898/metrics`), pasted whole.
+fn host_port(addr: &str) -> &str {
+    let addr = addr.trim();
+    let addr = addr
+        .strip_prefix("http://")
+        .or_else(|| addr.strip_prefix("HTTP://"))
+        .unwrap_or(addr);
+    addr.split('/').next().unwrap_or(addr)
+}
+
 /// GET `path` from `addr` (HTTP/1.1).
 async fn fetch(addr: &str, path: &str) -> Result<String, String> {
     let unreachable = |e: &dyn std::fmt::Display| {
-        format!("no convoy consume answered at {addr} ({e}): start it with --metrics-addr {addr}")
+        format!("no convoy consume answered at {addr} ({e}): is one running with --metrics-addr {addr}?")
     };
     let stream = tokio::net::TcpStream::connect(addr)
         .await

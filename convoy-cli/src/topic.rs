@@ -67,6 +67,19 @@ pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::CliRes
         TopicCommand::Delete { name, groups } => {
             let listed = connection.list_topics().await.map_err(|e| e.to_string())?;
             if !listed.iter().any(|t| t.name == name) {
+                // On NATS and RabbitMQ a dead-letter topic is a stream that listings leave out.
+                if connection
+                    .dead_letter_topic_exists(&name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                {
+                    connection
+                        .remove_dead_letter_topic(&name)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    eprintln!("dead-letter topic {name} deleted, with the dead letters it held");
+                    return Ok(ExitCode::SUCCESS);
+                }
                 return Err(format!(
                     "topic {name} does not exist on this broker: nothing was deleted (`convoy topic list` shows what does)"
                 )
@@ -79,7 +92,11 @@ pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::CliRes
             eprintln!("topic {name} deleted");
             // What convoy made for the topic but keeps, and why.
             let dead_letters = format!("{name}.dlq");
-            if listed.iter().any(|t| t.name == dead_letters) {
+            if connection
+                .dead_letter_topic_exists(&dead_letters)
+                .await
+                .map_err(|e| e.to_string())?
+            {
                 eprintln!(
                     "kept: its dead-letter topic {dead_letters}, with the dead letters it holds \
                      (`convoy topic delete {dead_letters}` deletes it once they are not needed)"

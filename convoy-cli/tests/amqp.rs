@@ -363,3 +363,10 @@ async fn listings_to_a_closed_stdout_end_quietly() {
     let _clean = CleanUp(url.clone(), topic.clone());
     scenarios::listings_to_a_closed_stdout(&url).await;
 }
+
+#[test]
+fn operator_mistakes_are_named() {
+    let Some(uri) = uri() else { return };
+    let topic = unique("mistakes");
+    scenarios::operator_mistakes(&format!("{uri}?topics={topic}"), &topic);
+}

@@ -301,6 +301,13 @@ fn a_bad_config_file_or_variable_is_one_clear_line() {
         &["CONVOY_ENGINE_DRAIN", "everything"],
     );
     assert_one_line_error(
+        &convoy_with_env(
+            &["--url", "memory://?topics=t", "consume"],
+            &[("CONVOY_ENGINE_MAX_IN_FLIGHT", "abc")],
+        ),
+        &["CONVOY_ENGINE_MAX_IN_FLIGHT", "expected a whole number"],
+    );
+    assert_one_line_error(
         &convoy_with_env(&["bench"], &[("CONVOY_PARTITIONS", "eight")]),
         &["`CONVOY_PARTITIONS`"],
     );
@@ -472,6 +479,28 @@ fn lanes_watch_takes_no_value() {
     assert!(!out.status.success());
     assert!(!stderr.contains("a value is required"), "{stderr}");
     assert!(stderr.contains("127.0.0.1:1"), "{stderr}");
+}
+
+#[test]
+fn the_address_consume_prints_is_taken_as_pasted() {
+    // `consume` prints `metrics at http://127.0.0.1:PORT/metrics`: pasted whole into `lanes`.
+    let out = convoy(&["lanes", "--addr", "http://127.0.0.1:1/metrics"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("no convoy consume answered at 127.0.0.1:1 ") && !stderr.contains("lookup"),
+        "{stderr}"
+    );
+    // `--metrics-addr` takes a host name: the command gets past it (to memory://'s refusal).
+    let out = convoy(&[
+        "--url",
+        "memory://?topics=t",
+        "consume",
+        "--metrics-addr",
+        "localhost:0",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("memory:// lives inside one process"), "{stderr}");
 }
 
 /// `convoy --url memory:// --topic t produce EXTRA…` with `input` on its stdin.

@@ -270,3 +270,10 @@ async fn listings_to_a_closed_stdout_end_quietly() {
     let url = url(&bootstrap, &unique("listing-group"), &topic);
     scenarios::listings_to_a_closed_stdout(&url).await;
 }
+
+#[test]
+fn operator_mistakes_are_named() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("mistakes");
+    scenarios::operator_mistakes(&format!("kafka://{bootstrap}?topics={topic}"), &topic);
+}

@@ -264,3 +264,10 @@ async fn listings_to_a_closed_stdout_end_quietly() {
     let _clean = CleanUp(url.clone(), topic.clone());
     scenarios::listings_to_a_closed_stdout(&url).await;
 }
+
+#[test]
+fn operator_mistakes_are_named() {
+    let Some(server) = server() else { return };
+    let topic = unique("mistakes");
+    scenarios::operator_mistakes(&format!("{server}?topics={topic}"), &topic);
+}

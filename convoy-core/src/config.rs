@@ -355,7 +355,7 @@ impl EngineConfig {
         if self.stuck_timeout == Some(Duration::ZERO) {
             return Err(ConfigError::invalid(
                 "stuck_timeout",
-                "must be > 0, or None to disable the check",
+                "must be > 0 (unset, or \"unlimited\" in settings, disables the check)",
             ));
         }
         if self.commit_timeout.is_zero() {
@@ -376,13 +376,13 @@ impl EngineConfig {
         if self.max_messages == Some(0) {
             return Err(ConfigError::invalid(
                 "max_messages",
-                "must be at least 1, or None for no limit",
+                "must be at least 1 (leave it unset for no limit)",
             ));
         }
         if self.max_in_flight == Some(0) {
             return Err(ConfigError::invalid(
                 "max_in_flight",
-                "must be ≥ 1, or None for one handler call per active lane",
+                "must be ≥ 1 (unset, or 0 in settings, for one handler call per active lane)",
             ));
         }
         self.back_pressure.validate()

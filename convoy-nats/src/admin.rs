@@ -147,6 +147,17 @@ pub async fn committed(config: &NatsConfig, topic: &str) -> Result<Vec<(u32, Off
     Ok(out)
 }
 
+/// True if the stream of `topic` (a topic's, or a dead-letter topic's) exists.
+pub async fn stream_exists(config: &NatsConfig, topic: &str) -> Result<bool, TransportError> {
+    let connected = connect(config, "admin").await?;
+    let name = topology::stream_name(topic);
+    match connected.js.get_stream(&name).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.to_string().contains("not found") => Ok(false),
+        Err(e) => Err(nats_error(&format!("looking up the stream {name}"), e)),
+    }
+}
+
 /// Deletes `topic`'s stream alone (a group's buckets stay: they hold its state for every topic
 /// it reads). One that does not exist is skipped.
 pub async fn delete_stream_of(config: &NatsConfig, topic: &str) -> Result<(), TransportError> {

@@ -11,7 +11,7 @@
 //! failed and set-aside messages in its original order, behind a replay marker that tells the
 //! engine to handle them — and only them — until the last one unparks the key.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
@@ -146,7 +146,15 @@ pub fn parse_offsets(text: &str) -> Result<RangeInclusive<u64>, String> {
             .map_err(|_| format!("expected an offset range like 10..20, got {text:?}"))
     };
     match text.split_once("..") {
-        Some((a, b)) => Ok(number(a)?..=number(b.trim_start_matches('='))?),
+        Some((a, b)) => {
+            let (from, to) = (number(a)?, number(b.trim_start_matches('='))?);
+            if from > to {
+                return Err(format!(
+                    "the offset range {text:?} is empty: give the lower offset first ({to}..{from})"
+                ));
+            }
+            Ok(from..=to)
+        }
         None => number(text).map(|o| o..=o),
     }
 }
@@ -187,6 +195,22 @@ pub async fn list(
 pub async fn parked(connection: &Connection) -> Result<ParkedKeys, ConnectError> {
     let records = connection.read_topic(&connection.dlq_topic()?).await?;
     Ok(ParkedKeys::read(&connection.endpoint().group, &records))
+}
+
+/// The keys parked in each consumer group that wrote to `connection`'s dead-letter topic (a
+/// topic's groups share it), by group: what tells an operator that names no group, or another,
+/// where a key is parked.
+pub async fn parked_by_group(connection: &Connection) -> Result<BTreeMap<String, ParkedKeys>, ConnectError> {
+    let records = connection.read_topic(&connection.dlq_topic()?).await?;
+    let groups: BTreeSet<&str> = records
+        .iter()
+        .filter_map(|r| r.headers.get_str(DL_GROUP))
+        .collect();
+    Ok(groups
+        .into_iter()
+        .map(|group| (group.to_owned(), ParkedKeys::read(group, &records)))
+        .filter(|(_, keys)| !keys.is_empty())
+        .collect())
 }
 
 /// Replays parked key `key` of `connection`'s group ([`parking::replay_key`]): its failed and

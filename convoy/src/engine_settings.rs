@@ -365,14 +365,12 @@ impl EngineSettings {
             Self::merge(&mut alone, name.clone(), value.clone())?;
             toml::Value::Table(alone)
                 .try_into::<EngineSettings>()
-                .map_err(|e| ConfigError::invalid(name.as_str(), e.message().trim().replace('\n', " ")))?;
+                .map_err(|e| ConfigError::invalid(name.as_str(), in_words(e.message())))?;
             Self::merge(&mut table, name, value)?;
         }
         toml::Value::Table(table)
             .try_into()
-            .map_err(|e: toml::de::Error| {
-                ConfigError::invalid("CONVOY_ENGINE_*", e.message().trim().replace('\n', " "))
-            })
+            .map_err(|e: toml::de::Error| ConfigError::invalid("CONVOY_ENGINE_*", in_words(e.message())))
     }
 
     /// Adds variable `name` to `table`, if it is one of the engine's.
@@ -407,6 +405,24 @@ impl EngineSettings {
         target.insert(key, parsed);
         Ok(())
     }
+}
+
+/// A parser's message with Rust's type names in words (`expected usize` → `expected a whole
+/// number`), on one line.
+pub(crate) fn in_words(message: &str) -> String {
+    let mut text = message.trim().replace('\n', " ");
+    for (rust, words) in [
+        ("usize", "a whole number"),
+        ("u64", "a whole number"),
+        ("u32", "a whole number"),
+        ("u16", "a whole number"),
+        ("u8", "a whole number"),
+        ("i64", "a whole number"),
+        ("f64", "a number"),
+    ] {
+        text = text.replace(&format!("expected {rust}"), &format!("expected {words}"));
+    }
+    text
 }
 
 #[cfg(test)]

@@ -107,7 +107,7 @@ impl ConnectConfig {
         };
         let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
         toml::from_str(&text).map_err(|e| {
-            let message = e.message().trim().replace('\n', " ");
+            let message = crate::engine_settings::in_words(e.message());
             match e.span() {
                 Some(span) => {
                     let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
@@ -149,19 +149,55 @@ impl ConnectConfig {
         })
     }
 
-    /// These settings over `lower`: every field set here wins, properties are merged.
+    /// These settings over `lower`: every field set here wins, properties are merged. The
+    /// parameters of a URL set here (`group=`, `topics=`, `dlq=`, `partitions=`) count as
+    /// set here too: a `--url` flag's `group=` beats `CONVOY_GROUP`.
     pub fn over(self, lower: ConnectConfig) -> ConnectConfig {
+        let this = self.with_url_parameters_pinned();
         let mut properties = lower.properties;
-        properties.extend(self.properties);
+        properties.extend(this.properties.clone());
+        let this = ConnectConfig {
+            properties: BTreeMap::new(),
+            ..this
+        };
         ConnectConfig {
-            url: self.url.or(lower.url),
-            group: self.group.or(lower.group),
-            topics: self.topics.or(lower.topics),
-            dlq_topic: self.dlq_topic.or(lower.dlq_topic),
-            partitions: self.partitions.or(lower.partitions),
+            url: this.url.or(lower.url),
+            group: this.group.or(lower.group),
+            topics: this.topics.or(lower.topics),
+            dlq_topic: this.dlq_topic.or(lower.dlq_topic),
+            partitions: this.partitions.or(lower.partitions),
             properties,
-            engine: self.engine.over(lower.engine),
+            engine: this.engine.over(lower.engine),
         }
+    }
+
+    /// The fields this layer's URL names as parameters, set where this layer sets none (a field
+    /// set beside the URL still beats its parameter). A URL that does not parse is left to
+    /// [`resolve`](Self::resolve) to report.
+    fn with_url_parameters_pinned(mut self) -> ConnectConfig {
+        let Some(url) = self.url.as_deref() else {
+            return self;
+        };
+        let Ok(endpoint) = Endpoint::parse(url) else {
+            return self;
+        };
+        let query = url.split_once('?').map_or("", |(_, q)| q);
+        let named = |names: &[&str]| {
+            form_urlencoded::parse(query.as_bytes()).any(|(key, _)| names.contains(&key.as_ref()))
+        };
+        if self.group.is_none() && named(&["group"]) {
+            self.group = Some(endpoint.group);
+        }
+        if self.topics.is_none() && named(&["topics", "topic"]) {
+            self.topics = Some(endpoint.topics);
+        }
+        if self.dlq_topic.is_none() && named(&["dlq", "dlq_topic"]) {
+            self.dlq_topic = endpoint.dlq_topic;
+        }
+        if self.partitions.is_none() && named(&["partitions"]) {
+            self.partitions = Some(endpoint.partitions);
+        }
+        self
     }
 
     /// Parses the URL and applies the explicit fields over its parameters.
@@ -404,6 +440,32 @@ mod tests {
         let e = env.over(file).resolve().unwrap();
         assert_eq!((e.group.as_str(), e.partitions), ("from-env", 3));
         assert_eq!(e.topics, ["t"]);
+    }
+
+    #[test]
+    fn a_url_s_parameters_beat_lower_layers_as_its_layer_does() {
+        let flags = ConnectConfig {
+            url: Some("nats://h:4222?group=from-url&topics=t".into()),
+            ..ConnectConfig::default()
+        };
+        let env = ConnectConfig::from_vars(|n| match n {
+            "CONVOY_GROUP" => Some("from-env".to_owned()),
+            "CONVOY_PARTITIONS" => Some("4".to_owned()),
+            _ => None,
+        })
+        .unwrap();
+        let e = flags.clone().over(env.clone()).resolve().unwrap();
+        assert_eq!(e.group, "from-url", "the --url flag's group= beats CONVOY_GROUP");
+        assert_eq!(e.partitions, 4, "what the URL does not name comes from below");
+        let beside = ConnectConfig {
+            group: Some("from-flag".into()),
+            ..flags
+        };
+        assert_eq!(
+            beside.over(env).resolve().unwrap().group,
+            "from-flag",
+            "--group beats --url's group="
+        );
     }
 
     #[test]

@@ -785,3 +785,124 @@ pub fn an_outage_is_logged(
     std::mem::forget(guard);
     assert!(status.success(), "{}", seen.join("\n"));
 }
+
+/// What an operator gets wrong is named, through the binary: a key parked in another group
+/// than the command names (none named: `convoy`), `--reason` on a parked key, `CONVOY_GROUP`
+/// against the URL's `group=`, an empty offset range, a misspelled topic or `--forward-to`;
+/// and the dead-letter topic `topic delete` keeps is named and deletable. `base` is the
+/// broker's URL with `?topics=<topic>` and no group.
+pub fn operator_mistakes(base: &str, topic: &str) {
+    let group = unique("billing");
+    let url = format!("{base}&group={group}");
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let ok = |out: Output| {
+        assert!(out.status.success(), "{}", stderr(&out));
+        stderr(&out)
+    };
+    let fails_with = |out: Output, text: &str| {
+        assert!(
+            !out.status.success(),
+            "should fail with {text:?}: {}",
+            stderr(&out)
+        );
+        assert!(stderr(&out).contains(text), "{text:?} not in: {}", stderr(&out));
+    };
+    ok(convoy(&[
+        "--url",
+        &url,
+        "topic",
+        "create",
+        topic,
+        "--partitions",
+        "2",
+        "--for-group",
+        &group,
+    ]));
+    ok(convoy_with_input(
+        &["--url", &url, "produce"],
+        b"acct-1\tpoison\nacct-1\tafter\n",
+    ));
+    let consumed = ok(convoy(&[
+        "--url",
+        &url,
+        "consume",
+        "--park-keys",
+        "--fail-on",
+        "poison",
+        "--max-messages",
+        "2",
+        "--quiet",
+    ]));
+    assert!(
+        consumed.contains("1 dead-lettered, 1 set aside behind a parked key"),
+        "{consumed}"
+    );
+
+    // No group named: the command's is `convoy`, and the key is parked in another.
+    let listed = ok(convoy(&["--url", base, "dlq", "list"]));
+    assert!(
+        listed.contains(&format!("1 keys parked in group {group} (acct-1)")),
+        "{listed}"
+    );
+    fails_with(
+        convoy(&["--url", base, "dlq", "replay", "--key", "acct-1"]),
+        &format!("acct-1 is parked in group {group}, not in convoy"),
+    );
+    fails_with(
+        convoy(&[
+            "--url", &url, "dlq", "replay", "--key", "acct-1", "--reason", "poison",
+        ]),
+        "a parked key is replayed whole",
+    );
+    // A stale CONVOY_GROUP does not move the command to another group than its URL names.
+    let stale = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args(["--url", &url, "dlq", "list"])
+        .env("CONVOY_GROUP", "someone-else")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let listed = ok(stale);
+    assert!(
+        listed.contains(&format!("1 keys parked in group {group}\n")) && !listed.contains("someone-else"),
+        "{listed}"
+    );
+    fails_with(
+        convoy(&["--url", &url, "dlq", "list", "--offsets", "5..2"]),
+        "is empty",
+    );
+    let misspelled = url.replace(&format!("topics={topic}"), &format!("topics={topic}x"));
+    fails_with(convoy(&["--url", &misspelled, "dlq", "list"]), "does not exist");
+    fails_with(
+        convoy(&[
+            "--url",
+            &url,
+            "consume",
+            "--forward-to",
+            &format!("{topic}-typo"),
+            "--max-messages",
+            "1",
+        ]),
+        "(--forward-to) does not exist",
+    );
+
+    let dlq = format!("{topic}.dlq");
+    let deleted = ok(convoy(&[
+        "--url",
+        &url,
+        "topic",
+        "delete",
+        topic,
+        "--for-group",
+        &group,
+    ]));
+    assert!(
+        deleted.contains(&format!("kept: its dead-letter topic {dlq}")),
+        "{deleted}"
+    );
+    let deleted = ok(convoy(&["--url", &url, "topic", "delete", &dlq]));
+    assert!(deleted.contains(&format!("topic {dlq} deleted")), "{deleted}");
+    fails_with(
+        convoy(&["--url", &url, "topic", "delete", &dlq]),
+        "does not exist",
+    );
+}

@@ -9,6 +9,8 @@
 use super::Connection;
 use crate::backend::Backend;
 use crate::error::ConnectError;
+#[cfg(feature = "amqp")]
+use convoy_core::ConfigError;
 
 /// What a topic is created with.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -75,6 +77,15 @@ impl Connection {
             }
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
+                if let Some(copies) = spec.replication {
+                    return Err(ConfigError::invalid(
+                        "replication",
+                        format!(
+                            "RabbitMQ's quorum queues replicate over the cluster's nodes by themselves ({copies} copies asked): leave --replication out on amqp://"
+                        ),
+                    )
+                    .into());
+                }
                 // The groups' queues dead-letter where a consumer of `topic` will: the named
                 // dead-letter topic, the first consumed topic's, or else `topic`'s own.
                 let mut endpoint = self.endpoint.clone();
@@ -132,6 +143,52 @@ impl Connection {
             Backend::Nats(config) => {
                 let config = crate::backend::nats::config_for(config, &self.endpoint, false)?;
                 Ok(listed(convoy_nats::admin::list_topics(&config).await?))
+            }
+        }
+    }
+
+    /// True if the dead-letter topic `name` exists. On Kafka it is a topic like any other
+    /// ([`list_topics`](Self::list_topics) shows it); on NATS and RabbitMQ it is a stream that
+    /// listings leave out.
+    pub async fn dead_letter_topic_exists(&self, name: &str) -> Result<bool, ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(_) => {
+                let _ = name;
+                Ok(false)
+            }
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(_) => Ok(self.list_topics().await?.iter().any(|t| t.name == name)),
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let config = crate::backend::amqp::config_for(config, &self.endpoint, false)?;
+                Ok(convoy_amqp::admin::dead_letter_stream_exists(&config, name).await?)
+            }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = crate::backend::nats::config_for(config, &self.endpoint, false)?;
+                Ok(convoy_nats::admin::stream_exists(&config, name).await?)
+            }
+        }
+    }
+
+    /// Deletes the dead-letter topic `name` and every dead letter in it (parked keys' records
+    /// included: their keys are then no longer parked).
+    pub async fn remove_dead_letter_topic(&self, name: &str) -> Result<(), ConnectError> {
+        match &self.backend {
+            #[cfg(feature = "memory")]
+            Backend::Memory(_) => self.remove_topic(name, &[]).await,
+            #[cfg(feature = "kafka")]
+            Backend::Kafka(config) => Ok(convoy_kafka::admin::delete_topics(config, &[name]).await?),
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(config) => {
+                let config = crate::backend::amqp::config_for(config, &self.endpoint, false)?;
+                Ok(convoy_amqp::admin::delete_dead_letter_stream(&config, name).await?)
+            }
+            #[cfg(feature = "nats")]
+            Backend::Nats(config) => {
+                let config = crate::backend::nats::config_for(config, &self.endpoint, false)?;
+                Ok(convoy_nats::admin::delete_stream_of(&config, name).await?)
             }
         }
     }

@@ -113,10 +113,7 @@ impl Intake {
             if let Some(stopping) = self.stopping.as_mut().filter(|s| !s.escalated) {
                 stopping.escalated = true;
                 stopping.drain_until = Instant::now();
-                tracing::warn!(
-                    held = self.held_total,
-                    "second shutdown signal: aborting the drain"
-                );
+                tracing::warn!(held = self.held_total, "stop requested again: aborting the drain");
             }
         }
     }
