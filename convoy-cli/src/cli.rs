@@ -299,6 +299,11 @@ pub struct ConsumeArgs {
     /// Do not print each message.
     #[arg(long)]
     pub quiet: bool,
+    /// How each printed payload is written: text (its first 120 characters, control
+    /// characters escaped), or the whole payload in base64 or hex — what `produce
+    /// --payload-encoding` reads back.
+    #[arg(long, value_enum, default_value_t = PayloadEncoding::Text)]
+    pub payload_encoding: PayloadEncoding,
     /// Commit the watermarks at least this often (milliseconds; by default 500).
     #[arg(long, value_name = "MS")]
     pub commit_interval_ms: Option<u64>,

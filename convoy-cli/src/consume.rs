@@ -15,7 +15,7 @@ use convoy::{
     OutgoingMessage, Output, StopSignals, EVENT_ID_HEADER,
 };
 
-use crate::cli::{ConsumeArgs, DrainArg};
+use crate::cli::{ConsumeArgs, DrainArg, PayloadEncoding};
 use crate::metrics_server;
 use crate::out::out;
 use crate::settings::{connect, fit_to_topics};
@@ -46,10 +46,24 @@ fn one_line(text: &str) -> String {
     out
 }
 
+/// A payload as printed: a one-line preview of its text, or all of it in base64 or hex.
+fn shown(payload: &[u8], encoding: PayloadEncoding) -> String {
+    use base64::Engine as _;
+    match encoding {
+        PayloadEncoding::Text => {
+            let preview: String = String::from_utf8_lossy(payload).chars().take(PREVIEW).collect();
+            one_line(&preview)
+        }
+        PayloadEncoding::Base64 => base64::engine::general_purpose::STANDARD.encode(payload),
+        PayloadEncoding::Hex => payload.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
 /// What the handler does with each message: `--work-ms`, `--fail-on`, and the printed line.
 #[derive(Clone)]
 struct Handling {
     quiet: bool,
+    encoding: PayloadEncoding,
     work: Duration,
     fail_on: Option<Vec<u8>>,
     /// Told when stdout's reader has gone: `run` stops the consumer.
@@ -70,15 +84,13 @@ impl Handling {
             }
         }
         if !self.quiet {
-            let payload = String::from_utf8_lossy(d.payload());
-            let preview: String = payload.chars().take(PREVIEW).collect();
             let printed = out!(
                 "{}@{} key={} attempt={} {}",
                 d.source(),
                 d.offset(),
                 one_line(&d.message().key_display()),
                 d.attempt(),
-                one_line(&preview)
+                shown(d.payload(), self.encoding)
             );
             if printed.is_err() {
                 // Nobody reads this message's line, so it is not finished: neither handled nor a
@@ -152,6 +164,7 @@ async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, cr
     };
     let handling = Handling {
         quiet: args.quiet,
+        encoding: args.payload_encoding,
         work: Duration::from_millis(args.work_ms),
         fail_on: args.fail_on.clone().map(String::into_bytes),
         stdout_closed: Arc::new(tokio::sync::Notify::new()),

@@ -837,6 +837,26 @@ pub fn operator_mistakes(base: &str, topic: &str) {
         consumed.contains("1 dead-lettered, 1 set aside behind a parked key"),
         "{consumed}"
     );
+    // Binary payloads print as `produce --payload-encoding` reads them.
+    ok(convoy_with_input(
+        &["--url", &url, "produce", "--payload-encoding", "base64"],
+        b"acct-2\t/w==\n",
+    ));
+    let printed = convoy(&[
+        "--url",
+        &url,
+        "consume",
+        "--payload-encoding",
+        "base64",
+        "--max-messages",
+        "1",
+    ]);
+    let line = String::from_utf8_lossy(&printed.stdout).into_owned();
+    ok(printed);
+    assert!(
+        line.contains("key=acct-2") && line.trim_end().ends_with(" /w=="),
+        "{line}"
+    );
 
     // No group named: the command's is `convoy`, and the key is parked in another.
     let listed = ok(convoy(&["--url", base, "dlq", "list"]));
