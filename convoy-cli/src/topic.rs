@@ -21,6 +21,19 @@ pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::CliRes
             if partitions == 0 {
                 return Err("--partitions must be at least 1".into());
             }
+            let listed = connection.list_topics().await.map_err(|e| e.to_string())?;
+            if let Some(existing) = listed
+                .iter()
+                .find(|t| t.name == name && t.partitions != partitions)
+            {
+                return Err(format!(
+                    "topic {name} exists with {} partitions, not {partitions}: its count does not change here \
+                     (every member and publisher of it uses {}); leave --partitions at {}, or create a topic of \
+                     another name",
+                    existing.partitions, existing.partitions, existing.partitions
+                )
+                .into());
+            }
             let spec = TopicSpec {
                 partitions,
                 groups: groups.clone(),

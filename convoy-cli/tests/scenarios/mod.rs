@@ -818,6 +818,10 @@ pub fn operator_mistakes(base: &str, topic: &str) {
         "--for-group",
         &group,
     ]));
+    fails_with(
+        convoy(&["--url", &url, "topic", "create", topic, "--partitions", "4"]),
+        "exists with 2 partitions, not 4",
+    );
     ok(convoy_with_input(
         &["--url", &url, "produce"],
         b"acct-1\tpoison\nacct-1\tafter\n",
