@@ -81,7 +81,7 @@ pub async fn read_stream(
     name: &str,
     idle: Duration,
 ) -> Result<Vec<Message>, TransportError> {
-    read_stream_to(config, name, End::Idle(idle)).await
+    Ok(read_stream_to(config, name, 0, End::Idle(idle)).await?.0)
 }
 
 /// Where reading a stream stops.
@@ -92,11 +92,14 @@ pub(crate) enum End<'f> {
     Fence(&'f (dyn Fn(&Message) -> bool + Sync), Duration),
 }
 
+/// The messages of stream `name` from offset `start` on, and — for an [`End::Fence`] — the
+/// offset of the fence.
 pub(crate) async fn read_stream_to(
     config: &AmqpConfig,
     name: &str,
+    start: u64,
     end: End<'_>,
-) -> Result<Vec<Message>, TransportError> {
+) -> Result<(Vec<Message>, Option<u64>), TransportError> {
     let connection = connect(config, "read").await?;
     let result = async {
         let channel = connection
@@ -112,7 +115,7 @@ pub(crate) async fn read_stream_to(
             .await
         {
             return match crate::error::amqp_error(&e) {
-                Some((404, _)) => Ok(Vec::new()),
+                Some((404, _)) => Ok((Vec::new(), None)),
                 _ => Err(broker(&format!("reading {name}"), e)),
             };
         }
@@ -122,7 +125,11 @@ pub(crate) async fn read_stream_to(
             .await
             .map_err(|e| broker("setting the prefetch", e))?;
         let mut args = FieldTable::default();
-        args.insert("x-stream-offset".into(), AMQPValue::LongString("first".into()));
+        let from = match i64::try_from(start) {
+            Ok(offset) if offset > 0 => AMQPValue::LongLongInt(offset),
+            _ => AMQPValue::LongString("first".into()),
+        };
+        args.insert("x-stream-offset".into(), from);
         let mut consumer = channel
             .basic_consume(name.into(), "".into(), BasicConsumeOptions::default(), args)
             .await
@@ -169,12 +176,12 @@ pub(crate) async fn read_stream_to(
                 .map_err(|e| broker(&format!("reading {name}"), e))?;
             if let End::Fence(fence, _) = end {
                 if fence(&message) {
-                    break;
+                    return Ok((messages, Some(offset)));
                 }
             }
             messages.push(message);
         }
-        Ok::<Vec<Message>, TransportError>(messages)
+        Ok::<_, TransportError>((messages, None))
     }
     .await;
     crate::connect::close(&connection, "done").await;

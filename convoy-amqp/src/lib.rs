@@ -17,6 +17,7 @@
 
 pub mod admin;
 pub mod baseline;
+mod checkpoint;
 pub mod config;
 pub mod connect;
 pub mod consumer;

@@ -39,7 +39,7 @@
 //! several are in flight, so returns are matched by their unique `message_id`, never by which
 //! confirmation carried them.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +49,7 @@ use bytes::Bytes;
 use convoy_core::dead_letter::DL_CAUSE;
 use convoy_core::parking::CAUSE_END;
 use convoy_core::partitioner::partition_for_key;
-use convoy_core::transport::BatchSender;
+use convoy_core::transport::{BatchSender, ReadBack, ReadMark};
 use convoy_core::{
     DeadLetter, DeadLetterSink, Headers, Message, OutgoingMessage, Receipt, SourceId, TransportError,
 };
@@ -351,6 +351,36 @@ impl DeadLetterSink for AmqpDeadLetterSink {
     /// A stream has no end to read to: an end marker (cause [`CAUSE_END`]) is published first,
     /// confirmed, and the stream read until it — everything confirmed before is in front of it.
     async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
+        Ok(self.read_to_end_marker(0).await?.0)
+    }
+
+    /// From the stream offset of the mark on (`0:N`), to an end marker written now: the next
+    /// mark is the offset after it.
+    async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
+        let start = mark
+            .and_then(ReadMark::next_offsets)
+            .and_then(|next| next.get(&0).copied())
+            .unwrap_or(0);
+        let (records, end) = self.read_to_end_marker(start).await?;
+        Ok(ReadBack {
+            records,
+            mark: end.map(|end| ReadMark::of_next_offsets(&BTreeMap::from([(0, end + 1)]))),
+        })
+    }
+
+    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+        crate::checkpoint::load(&self.publisher.config, &self.checkpoint_queue(group)).await
+    }
+
+    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+        crate::checkpoint::save(&self.publisher.config, &self.checkpoint_queue(group), &checkpoint).await
+    }
+}
+
+impl AmqpDeadLetterSink {
+    /// The records from stream offset `start` to an end marker published now (markers of other
+    /// reads left out), and the end marker's offset.
+    async fn read_to_end_marker(&self, start: u64) -> Result<(Vec<Message>, Option<u64>), TransportError> {
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -365,16 +395,23 @@ impl DeadLetterSink for AmqpDeadLetterSink {
         };
         self.publisher.send_one(&marker).await?;
         let is_end = |m: &Message| m.key.as_deref() == Some(end.as_bytes());
-        let records = crate::admin::read_stream_to(
+        let (records, end) = crate::admin::read_stream_to(
             &self.publisher.config,
             &self.publisher.target,
+            start,
             crate::admin::End::Fence(&is_end, READ_BACK_LIMIT),
         )
         .await?;
-        Ok(records
+        let records = records
             .into_iter()
             .filter(|m| m.headers.get_str(DL_CAUSE) != Some(CAUSE_END))
-            .collect())
+            .collect();
+        Ok((records, end))
+    }
+
+    /// The queue keeping `group`'s checkpoint of this dead-letter stream.
+    fn checkpoint_queue(&self, group: &str) -> String {
+        format!("convoy.parking.{}.{group}", self.publisher.target)
     }
 }
 

@@ -1,6 +1,7 @@
 //! Broker administration the tools need: reachability, topic creation, reading a topic from
 //! its beginning (for dead-letter inspection) — without joining a consumer group.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -162,6 +163,29 @@ pub async fn create_topics_replicated(
     Ok(())
 }
 
+/// Creates the compacted one-partition topic `name` if it does not exist: a store of the latest
+/// record per key (a group's parked keys' checkpoint).
+pub async fn create_compacted_topic(config: &KafkaConfig, name: &str) -> Result<(), TransportError> {
+    let admin = admin_client(config)?;
+    let topic = NewTopic::new(name, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let results = admin
+        .create_topics(&[topic], &admin_options())
+        .await
+        .map_err(|e| TransportError::broker("creating topics", e))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(TransportError::broker(
+                    format!("creating topic {topic}"),
+                    rdkafka::error::KafkaError::AdminOp(code),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every topic on the cluster but Kafka's internal ones (`__…`): `(name, partitions)`, by name.
 pub async fn list_topics(config: &KafkaConfig) -> Result<Vec<(String, usize)>, TransportError> {
     // An unreachable broker or a refused login is said as such, not as a failed listing.
@@ -237,6 +261,22 @@ pub async fn read_topic_to_end(
     read(config, topic, stall, true).await
 }
 
+/// The records of `topic` from the offsets of `from` on (a partition not named: from its
+/// beginning) to the end each partition had when reading began, and that end per partition:
+/// where the next read starts. A stall of `stall` before the end is an error.
+pub async fn read_topic_after(
+    config: &KafkaConfig,
+    topic: &str,
+    from: BTreeMap<u32, u64>,
+    stall: Duration,
+) -> Result<(Vec<Message>, BTreeMap<u32, u64>), TransportError> {
+    let reader = consumer(config, "convoy-reader")?;
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || read_blocking(&reader, &topic, &from, stall, true))
+        .await
+        .map_err(|_| TransportError::Closed)?
+}
+
 async fn read(
     config: &KafkaConfig,
     topic: &str,
@@ -245,17 +285,20 @@ async fn read(
 ) -> Result<Vec<Message>, TransportError> {
     let reader = consumer(config, "convoy-reader")?;
     let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || read_blocking(&reader, &topic, idle, to_end))
-        .await
-        .map_err(|_| TransportError::Closed)?
+    tokio::task::spawn_blocking(move || {
+        read_blocking(&reader, &topic, &BTreeMap::new(), idle, to_end).map(|(m, _)| m)
+    })
+    .await
+    .map_err(|_| TransportError::Closed)?
 }
 
 fn read_blocking(
     reader: &BaseConsumer,
     topic: &str,
+    from: &BTreeMap<u32, u64>,
     idle: Duration,
     to_end: bool,
-) -> Result<Vec<Message>, TransportError> {
+) -> Result<(Vec<Message>, BTreeMap<u32, u64>), TransportError> {
     let metadata = reader
         .fetch_metadata(Some(topic), REACH_TIMEOUT)
         .map_err(|e| TransportError::broker(format!("reading the metadata of {topic}"), e))?;
@@ -268,21 +311,34 @@ fn read_blocking(
     // The end of each partition now: reading stops once every partition is read up to it (its
     // position, which also moves past transaction markers, reached it), or when nothing arrived
     // for `idle` before then.
-    let mut remaining = std::collections::BTreeMap::new();
+    let mut remaining = BTreeMap::new();
+    let mut next = BTreeMap::new();
     let mut assignment = TopicPartitionList::new();
     for p in partitions {
         let (low, high) = reader
             .fetch_watermarks(topic, p, REACH_TIMEOUT)
             .map_err(|e| TransportError::broker(format!("reading the end offsets of {topic}"), e))?;
-        if high > low {
+        let start = from
+            .get(&u32::try_from(p).unwrap_or(0))
+            .and_then(|&o| i64::try_from(o).ok())
+            .map_or(low, |o| o.max(low));
+        next.insert(
+            u32::try_from(p).unwrap_or(0),
+            u64::try_from(high.max(start)).unwrap_or(0),
+        );
+        if high > start {
             remaining.insert(p, high);
+            let offset = match from.contains_key(&u32::try_from(p).unwrap_or(0)) {
+                true => KafkaOffset::Offset(start),
+                false => KafkaOffset::Beginning,
+            };
+            assignment
+                .add_partition_offset(topic, p, offset)
+                .map_err(|e| TransportError::broker("assigning partitions", e))?;
         }
-        assignment
-            .add_partition_offset(topic, p, KafkaOffset::Beginning)
-            .map_err(|e| TransportError::broker("assigning partitions", e))?;
     }
     if remaining.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), next));
     }
     reader
         .assign(&assignment)
@@ -317,5 +373,5 @@ fn read_blocking(
         )));
     }
     messages.sort_by(|a, b| (a.source.as_str(), a.offset).cmp(&(b.source.as_str(), b.offset)));
-    Ok(messages)
+    Ok((messages, next))
 }

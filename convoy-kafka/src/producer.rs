@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use convoy_core::transport::BatchSender;
-use convoy_core::{DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, TransportError};
+use bytes::Bytes;
+use convoy_core::transport::{BatchSender, ReadBack, ReadMark};
+use convoy_core::{DeadLetter, DeadLetterSink, Headers, Message, OutgoingMessage, Receipt, TransportError};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
@@ -164,6 +165,52 @@ impl DeadLetterSink for KafkaDeadLetterSink {
     /// The topic up to the end each partition had when reading began.
     async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
         crate::admin::read_topic_to_end(&self.config, &self.config.dlq_topic(), READ_BACK_STALL).await
+    }
+
+    /// From the offsets of the mark on (per partition), to the end each partition had.
+    async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
+        let from = mark.and_then(ReadMark::next_offsets).unwrap_or_default();
+        let (records, next) =
+            crate::admin::read_topic_after(&self.config, &self.config.dlq_topic(), from, READ_BACK_STALL)
+                .await?;
+        Ok(ReadBack {
+            records,
+            mark: Some(ReadMark::of_next_offsets(&next)),
+        })
+    }
+
+    /// The group's latest record in the compacted topic `<dead-letter topic>.parking`.
+    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+        let records =
+            crate::admin::read_topic_to_end(&self.config, &self.checkpoint_topic(), READ_BACK_STALL).await?;
+        Ok(records
+            .into_iter()
+            .rev()
+            .find(|r| r.key.as_deref() == Some(group.as_bytes()))
+            .map(|r| r.payload))
+    }
+
+    /// A record keyed by the group in the compacted topic `<dead-letter topic>.parking`
+    /// (created on first use; a checkpoint over the broker's `message.max.bytes` fails to save).
+    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+        let topic = self.checkpoint_topic();
+        crate::admin::create_compacted_topic(&self.config, &topic).await?;
+        let publisher = KafkaPublisher::new(&self.config, topic)?;
+        publisher
+            .send_one(&OutgoingMessage {
+                key: Some(Bytes::copy_from_slice(group.as_bytes())),
+                payload: checkpoint,
+                headers: Headers::new(),
+            })
+            .await
+            .map(|_| ())
+    }
+}
+
+impl KafkaDeadLetterSink {
+    /// The compacted topic of the parked keys' checkpoints, one record per group.
+    fn checkpoint_topic(&self) -> String {
+        format!("{}.parking", self.config.dlq_topic())
     }
 }
 

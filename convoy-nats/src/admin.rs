@@ -70,15 +70,29 @@ pub async fn read_stream(config: &NatsConfig, topic: &str) -> Result<Vec<Message
 }
 
 pub(crate) async fn read_with(connected: &Connected, topic: &str) -> Result<Vec<Message>, TransportError> {
+    Ok(read_from(connected, topic, 1).await?.0)
+}
+
+/// The messages of `topic`'s stream from sequence `start` on (what it holds now), and the
+/// sequence after the last of them (`start` when there were none).
+pub(crate) async fn read_from(
+    connected: &Connected,
+    topic: &str,
+    start: u64,
+) -> Result<(Vec<Message>, u64), TransportError> {
     let name = topology::stream_name(topic);
     let stream = match connected.js.get_stream(&name).await {
         Ok(stream) => stream,
-        Err(e) if e.to_string().contains("not found") => return Ok(Vec::new()),
+        Err(e) if e.to_string().contains("not found") => return Ok((Vec::new(), start)),
         Err(e) => return Err(nats_error(&format!("opening the stream of {topic}"), e)),
+    };
+    let deliver_policy = match start {
+        0 | 1 => DeliverPolicy::All,
+        start_sequence => DeliverPolicy::ByStartSequence { start_sequence },
     };
     let consumer = stream
         .create_consumer(pull::Config {
-            deliver_policy: DeliverPolicy::All,
+            deliver_policy,
             ack_policy: AckPolicy::None,
             inactive_threshold: Duration::from_secs(30),
             ..pull::Config::default()
@@ -88,7 +102,7 @@ pub(crate) async fn read_with(connected: &Connected, topic: &str) -> Result<Vec<
     // What the stream holds now; messages published later are not waited for.
     let total = consumer.cached_info().num_pending;
     if total == 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), start));
     }
     let mut messages = consumer
         .stream()
@@ -124,7 +138,8 @@ pub(crate) async fn read_with(connected: &Connected, topic: &str) -> Result<Vec<
             break;
         }
     }
-    Ok(out)
+    let next = out.last().map_or(start, |m| m.offset + 1);
+    Ok((out, next))
 }
 
 /// `config.group`'s committed watermark of each partition of `topic` that has one.

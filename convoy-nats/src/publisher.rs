@@ -34,15 +34,16 @@
 //! it is sent, and a re-send is stored once and, past the duplicate window, skipped by the
 //! idempotency store. Without one, a message is identified by its stream sequence.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_trait::async_trait;
+use bytes::Bytes;
 use convoy_core::partitioner::partition_for_key;
-use convoy_core::transport::BatchSender;
+use convoy_core::transport::{BatchSender, ReadBack, ReadMark};
 use convoy_core::{
     DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, SourceId, TransportError, EVENT_ID_HEADER,
 };
@@ -255,5 +256,51 @@ impl DeadLetterSink for NatsDeadLetterSink {
     async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
         let connected = self.publisher.connection().await?;
         crate::admin::read_with(connected, &self.publisher.target).await
+    }
+
+    /// From the stream sequence after the mark on; the mark is the next sequence (`0:N`).
+    async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
+        let start = mark
+            .and_then(ReadMark::next_offsets)
+            .and_then(|next| next.get(&0).copied())
+            .unwrap_or(1);
+        let connected = self.publisher.connection().await?;
+        let (records, next) = crate::admin::read_from(connected, &self.publisher.target, start).await?;
+        Ok(ReadBack {
+            records,
+            mark: Some(ReadMark::of_next_offsets(&BTreeMap::from([(0, next)]))),
+        })
+    }
+
+    /// From the group's watermark bucket, key `parking.<stream>`.
+    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+        let connected = self.publisher.connection().await?;
+        let store = topology::open_watermarks(&connected.js, &self.publisher.config, group).await?;
+        let entry = store
+            .entry(self.checkpoint_key())
+            .await
+            .map_err(|e| nats_error("reading the parked keys' checkpoint", e))?;
+        Ok(entry
+            .filter(|e| e.operation == async_nats::jetstream::kv::Operation::Put)
+            .map(|e| e.value))
+    }
+
+    /// Into the group's watermark bucket (a value is at most the server's max_payload, 1 MB by
+    /// default: a larger checkpoint fails to save, and read-backs read further back).
+    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+        let connected = self.publisher.connection().await?;
+        let store = topology::open_watermarks(&connected.js, &self.publisher.config, group).await?;
+        store
+            .put(self.checkpoint_key(), checkpoint)
+            .await
+            .map_err(|e| nats_error("saving the parked keys' checkpoint", e))?;
+        Ok(())
+    }
+}
+
+impl NatsDeadLetterSink {
+    /// The checkpoint's key in a group's watermark bucket.
+    fn checkpoint_key(&self) -> String {
+        format!("parking.{}", topology::stream_name(&self.publisher.target))
     }
 }

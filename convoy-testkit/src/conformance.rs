@@ -22,7 +22,7 @@ use convoy_core::{
 };
 
 use crate::checker::{CheckReport, OrderChecker};
-pub use crate::parking::parked_key_waits_for_its_replay;
+pub use crate::parking::{parked_key_waits_for_its_replay, parked_keys_read_back_from_a_checkpoint};
 use crate::probe::{
     self, decode_seq, probe_key, BatchLog, BatchProbe, FaultPlan, Latency, ProbeHandler, RecordingSink,
 };
@@ -141,6 +141,7 @@ macro_rules! conformance_tests {
             poison_input_dead_letters_with_reasons,
             newest_offsets_cover_what_was_received,
             parked_key_waits_for_its_replay,
+            parked_keys_read_back_from_a_checkpoint,
             transform_outputs_follow_their_inputs,
         );
     };

@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use convoy_core::parking::{replay_key, ParkedKeys};
+use convoy_core::parking::{replay_key, ParkedKeys, DL_PARK_ID};
 use convoy_core::{
-    Delivery, EngineHandle, Handler, HandlerError, OutgoingMessage, Publisher, TransportError,
+    DeadLetter, DeadLetterCause, DeadLetterReason, Delivery, EngineHandle, Handler, HandlerError, Headers,
+    Message, OutgoingMessage, Publisher, SourceId, TransportError,
 };
 
 use crate::conformance::{self, test_config, ConformanceTarget, TestBed};
@@ -171,5 +172,87 @@ pub async fn parked_key_waits_for_its_replay(target: &dyn ConformanceTarget) {
     assert!(
         parked_keys(bed.as_ref()).await.is_empty(),
         "nothing parked any more"
+    );
+}
+
+/// A dead letter of `key` for `group` that parks its key (`failed`), or a message set aside
+/// behind it, known by `id`.
+fn parking_record(group: &str, key: &str, id: &str, failed: bool) -> DeadLetter {
+    let mut headers = Headers::new();
+    headers.insert(DL_PARK_ID, id.to_owned());
+    let now = SystemTime::now();
+    DeadLetter {
+        message: Message {
+            key: Some(Bytes::from(key.to_owned())),
+            payload: Bytes::from(format!("payload of {id}")),
+            headers,
+            source: SourceId::partition("ledger", 0),
+            offset: 0,
+        },
+        reason: DeadLetterReason {
+            cause: if failed {
+                DeadLetterCause::Terminal
+            } else {
+                DeadLetterCause::Parked
+            },
+            error_class: "terminal".into(),
+            error: "cannot apply".into(),
+            attempts: 1,
+            first_failure: now,
+            last_failure: now,
+            group: group.to_owned(),
+            parks_key: failed,
+        },
+    }
+}
+
+/// Each parked key and how many of its messages wait, in key order.
+fn waiting(keys: &ParkedKeys) -> Vec<(String, usize)> {
+    keys.iter()
+        .map(|(k, p)| (String::from_utf8_lossy(k).into_owned(), p.pending()))
+        .collect()
+}
+
+/// An engine's read-back reads its group's checkpoint and only what the dead-letter
+/// destination got after it (records of another group among them), and knows what a whole
+/// read knows: the transport's marks and checkpoint store, end to end.
+pub async fn parked_keys_read_back_from_a_checkpoint(target: &dyn ConformanceTarget) {
+    let bed = conformance::bed(target, 1).await;
+    let (sink, group) = (bed.dead_letter_sink(), bed.group().to_owned());
+    let other = format!("{group}-other");
+    for record in [
+        parking_record(&group, "ck-0", "ledger/0@1", true),
+        parking_record(&group, "ck-0", "ledger/0@2", false),
+        parking_record(&other, "ck-9", "ledger/0@3", true),
+    ] {
+        sink.publish(&record).await.expect("dead letter published");
+    }
+    let first = ParkedKeys::catch_up(&group, &*sink, 1)
+        .await
+        .expect("first read-back");
+    assert!(!first.from_checkpoint, "no checkpoint yet");
+    assert_eq!(first.read, 3, "the whole destination, read once");
+    assert!(first.saved, "a checkpoint saved after reading past the threshold");
+
+    for record in [
+        parking_record(&group, "ck-0", "ledger/0@4", false),
+        parking_record(&other, "ck-9", "ledger/0@5", false),
+        parking_record(&group, "ck-1", "ledger/0@6", true),
+    ] {
+        sink.publish(&record).await.expect("dead letter published");
+    }
+    let second = ParkedKeys::catch_up(&group, &*sink, usize::MAX)
+        .await
+        .expect("second read-back");
+    assert!(second.from_checkpoint, "read from the checkpoint");
+    assert_eq!(second.read, 3, "only what came after the checkpoint");
+    assert_eq!(
+        waiting(&second.keys),
+        [("ck-0".to_owned(), 3), ("ck-1".to_owned(), 1)]
+    );
+    assert_eq!(
+        waiting(&second.keys),
+        waiting(&parked_keys(bed.as_ref()).await),
+        "what a whole read knows"
     );
 }

@@ -1,0 +1,93 @@
+//! A group's parked keys' checkpoint of a dead-letter stream (see `convoy_core::parking`): the
+//! latest is kept in a durable classic queue of length one, where a newer one drops the older
+//! from the head, and read with a get that hands it back (a reader that finds the queue empty
+//! because another holds it for a moment reads the stream from its start: slower, still right).
+
+use bytes::Bytes;
+use convoy_core::TransportError;
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection};
+
+use crate::config::AmqpConfig;
+use crate::connect::{close, connect};
+use crate::error::{answered, broker};
+use crate::topology;
+
+/// Saves `checkpoint` as the latest in `queue`, confirmed.
+pub async fn save(config: &AmqpConfig, queue: &str, checkpoint: &[u8]) -> Result<(), TransportError> {
+    let connection = connect(config, "checkpoint").await?;
+    let result = async {
+        let channel = channel(&connection).await?;
+        let mut args = FieldTable::default();
+        args.insert("x-max-length".into(), AMQPValue::LongInt(1));
+        answered(
+            format!("declaring {queue}"),
+            channel.queue_declare(queue.into(), QueueDeclareOptions::durable(), args),
+        )
+        .await?
+        .map_err(|e| broker(&format!("declaring {queue}"), e))?;
+        answered(
+            "enabling confirms",
+            channel.confirm_select(ConfirmSelectOptions::default()),
+        )
+        .await?
+        .map_err(|e| broker("enabling confirms", e))?;
+        let publish = channel.basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            checkpoint,
+            BasicProperties::default().with_delivery_mode(2),
+        );
+        let confirm = answered("saving a checkpoint", publish)
+            .await?
+            .map_err(|e| broker("saving a checkpoint", e))?;
+        answered("saving a checkpoint", confirm)
+            .await?
+            .map_err(|e| broker("saving a checkpoint", e))?;
+        Ok(())
+    }
+    .await;
+    close(&connection, "done").await;
+    result
+}
+
+/// The latest checkpoint in `queue`, if any (left in it).
+pub async fn load(config: &AmqpConfig, queue: &str) -> Result<Option<Bytes>, TransportError> {
+    let connection = connect(config, "checkpoint").await?;
+    let result = async {
+        if !topology::exists(&connection, false, queue).await? {
+            return Ok(None);
+        }
+        let channel = channel(&connection).await?;
+        let got = answered(
+            format!("reading {queue}"),
+            channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }),
+        )
+        .await?
+        .map_err(|e| broker(&format!("reading {queue}"), e))?;
+        let Some(got) = got else {
+            return Ok(None);
+        };
+        let checkpoint = Bytes::from(got.delivery.data.clone());
+        answered(
+            format!("handing back {queue}'s checkpoint"),
+            channel.basic_reject(got.delivery.delivery_tag, BasicRejectOptions { requeue: true }),
+        )
+        .await?
+        .map_err(|e| broker(&format!("handing back {queue}'s checkpoint"), e))?;
+        Ok(Some(checkpoint))
+    }
+    .await;
+    close(&connection, "done").await;
+    result
+}
+
+async fn channel(connection: &Connection) -> Result<Channel, TransportError> {
+    answered("opening a channel", connection.create_channel())
+        .await?
+        .map_err(|e| broker("opening a channel", e))
+}
