@@ -81,7 +81,20 @@ pub async fn read_stream(
     name: &str,
     idle: Duration,
 ) -> Result<Vec<Message>, TransportError> {
-    Ok(read_stream_to(config, name, 0, End::Idle(idle)).await?.0)
+    Ok(read_stream_to(config, name, Start::First, End::Idle(idle))
+        .await?
+        .0)
+}
+
+/// Where reading a stream starts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start {
+    /// Its first message.
+    First,
+    /// Its last chunk (the latest messages).
+    Last,
+    /// This offset (one past the end waits for it to be written).
+    Offset(u64),
 }
 
 /// Where reading a stream stops.
@@ -92,12 +105,12 @@ pub(crate) enum End<'f> {
     Fence(&'f (dyn Fn(&Message) -> bool + Sync), Duration),
 }
 
-/// The messages of stream `name` from offset `start` on, and — for an [`End::Fence`] — the
-/// offset of the fence.
+/// The messages of stream `name` from `start` on, and — for an [`End::Fence`] — the offset of
+/// the fence.
 pub(crate) async fn read_stream_to(
     config: &AmqpConfig,
     name: &str,
-    start: u64,
+    start: Start,
     end: End<'_>,
 ) -> Result<(Vec<Message>, Option<u64>), TransportError> {
     let connection = connect(config, "read").await?;
@@ -125,9 +138,12 @@ pub(crate) async fn read_stream_to(
             .await
             .map_err(|e| broker("setting the prefetch", e))?;
         let mut args = FieldTable::default();
-        let from = match i64::try_from(start) {
-            Ok(offset) if offset > 0 => AMQPValue::LongLongInt(offset),
-            _ => AMQPValue::LongString("first".into()),
+        let from = match start {
+            Start::Offset(offset) if offset > 0 => {
+                AMQPValue::LongLongInt(i64::try_from(offset).unwrap_or(i64::MAX))
+            }
+            Start::First | Start::Offset(_) => AMQPValue::LongString("first".into()),
+            Start::Last => AMQPValue::LongString("last".into()),
         };
         args.insert("x-stream-offset".into(), from);
         let mut consumer = channel
@@ -207,6 +223,26 @@ pub async fn delete_dead_letter_stream(config: &AmqpConfig, name: &str) -> Resul
             .await
             .map_err(|e| broker("opening a channel", e))?;
         topology::delete_queue(&channel, name).await?;
+        Ok::<(), TransportError>(())
+    }
+    .await;
+    crate::connect::close(&connection, "done").await;
+    result
+}
+
+/// Deletes `group`'s parked keys' checkpoint of the dead-letter stream `stream`, if any.
+pub async fn delete_checkpoint(config: &AmqpConfig, stream: &str, group: &str) -> Result<(), TransportError> {
+    let queue = crate::checkpoint::queue(stream, group);
+    let connection = connect(config, "admin").await?;
+    let result = async {
+        if !topology::exists(&connection, false, &queue).await? {
+            return Ok(());
+        }
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| broker("opening a channel", e))?;
+        topology::delete_queue(&channel, &queue).await?;
         Ok::<(), TransportError>(())
     }
     .await;

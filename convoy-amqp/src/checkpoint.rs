@@ -16,6 +16,11 @@ use crate::connect::{close, connect};
 use crate::error::{answered, broker};
 use crate::topology;
 
+/// The queue keeping `group`'s checkpoint of the dead-letter stream `stream`.
+pub fn queue(stream: &str, group: &str) -> String {
+    format!("convoy.parking.{stream}.{group}")
+}
+
 /// Saves `checkpoint` as the latest in `queue`, confirmed.
 pub async fn save(config: &AmqpConfig, queue: &str, checkpoint: &[u8]) -> Result<(), TransportError> {
     let connection = connect(config, "checkpoint").await?;

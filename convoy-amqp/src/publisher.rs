@@ -58,6 +58,7 @@ use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
+use crate::admin::Start;
 use crate::config::AmqpConfig;
 use crate::connect::connect;
 use crate::convert::{to_field_table, KEY_HEADER};
@@ -351,7 +352,7 @@ impl DeadLetterSink for AmqpDeadLetterSink {
     /// A stream has no end to read to: an end marker (cause [`CAUSE_END`]) is published first,
     /// confirmed, and the stream read until it — everything confirmed before is in front of it.
     async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
-        Ok(self.read_to_end_marker(0).await?.0)
+        Ok(self.read_to_end_marker(None).await?.0)
     }
 
     /// From the stream offset of the mark on (`0:N`), to an end marker written now: the next
@@ -361,10 +362,11 @@ impl DeadLetterSink for AmqpDeadLetterSink {
             .and_then(ReadMark::next_offsets)
             .and_then(|next| next.get(&0).copied())
             .unwrap_or(0);
-        let (records, end) = self.read_to_end_marker(start).await?;
+        let (records, end, restarted) = self.read_to_end_marker(Some(start)).await?;
         Ok(ReadBack {
             records,
             mark: end.map(|end| ReadMark::of_next_offsets(&BTreeMap::from([(0, end + 1)]))),
+            restarted,
         })
     }
 
@@ -378,9 +380,14 @@ impl DeadLetterSink for AmqpDeadLetterSink {
 }
 
 impl AmqpDeadLetterSink {
-    /// The records from stream offset `start` to an end marker published now (markers of other
-    /// reads left out), and the end marker's offset.
-    async fn read_to_end_marker(&self, start: u64) -> Result<(Vec<Message>, Option<u64>), TransportError> {
+    /// The records from stream offset `start` (its first without one) to an end marker
+    /// published now (markers of other reads left out), the end marker's offset, and whether
+    /// `start` lay past it — the stream deleted and declared again since `start` was taken
+    /// (shorter; one refilled past it is not told apart): then it is read from its first.
+    async fn read_to_end_marker(
+        &self,
+        start: Option<u64>,
+    ) -> Result<(Vec<Message>, Option<u64>, bool), TransportError> {
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -395,23 +402,32 @@ impl AmqpDeadLetterSink {
         };
         self.publisher.send_one(&marker).await?;
         let is_end = |m: &Message| m.key.as_deref() == Some(end.as_bytes());
-        let (records, end) = crate::admin::read_stream_to(
-            &self.publisher.config,
-            &self.publisher.target,
-            start,
-            crate::admin::End::Fence(&is_end, READ_BACK_LIMIT),
-        )
-        .await?;
+        let (config, stream) = (&self.publisher.config, &self.publisher.target);
+        let fence = || crate::admin::End::Fence(&is_end, READ_BACK_LIMIT);
+        let mut restarted = false;
+        let from = match start {
+            None | Some(0) => Start::First,
+            Some(start) => {
+                // A stream read from past its end waits for that offset: learn the end first.
+                let (_, at) = crate::admin::read_stream_to(config, stream, Start::Last, fence()).await?;
+                restarted = at.is_some_and(|at| at < start);
+                match restarted {
+                    true => Start::First,
+                    false => Start::Offset(start),
+                }
+            }
+        };
+        let (records, end) = crate::admin::read_stream_to(config, stream, from, fence()).await?;
         let records = records
             .into_iter()
             .filter(|m| m.headers.get_str(DL_CAUSE) != Some(CAUSE_END))
             .collect();
-        Ok((records, end))
+        Ok((records, end, restarted))
     }
 
     /// The queue keeping `group`'s checkpoint of this dead-letter stream.
     fn checkpoint_queue(&self, group: &str) -> String {
-        format!("convoy.parking.{}.{group}", self.publisher.target)
+        crate::checkpoint::queue(&self.publisher.target, group)
     }
 }
 

@@ -7,7 +7,9 @@
 
 mod common;
 
-use convoy_testkit::dead_letters::a_deleted_dead_letter_destination_is_declared_again;
+use convoy_testkit::dead_letters::{
+    a_checkpoint_of_a_deleted_destination_is_void, a_deleted_dead_letter_destination_is_declared_again,
+};
 use lapin::options::QueueDeleteOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,6 +28,22 @@ async fn a_deleted_dead_letter_stream_is_declared_again() {
             .await
             .unwrap();
         convoy_amqp::connect::close(&connection, "deleted").await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_of_a_deleted_dead_letter_stream_is_void() {
+    let Some(uri) = common::uri() else {
+        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
+        return;
+    };
+    let bed = common::AmqpBed::new(&uri, 1).await;
+    let (config, stream) = (bed.config.clone(), bed.config.dlq_topic());
+    a_checkpoint_of_a_deleted_destination_is_void(&bed, || async move {
+        convoy_amqp::admin::delete_dead_letter_stream(&config, &stream)
+            .await
+            .unwrap();
     })
     .await;
 }

@@ -210,6 +210,7 @@ pub trait DeadLetterSink: Send + Sync + 'static {
         Ok(ReadBack {
             records: self.read_back().await?,
             mark: None,
+            restarted: false,
         })
     }
 
@@ -242,13 +243,25 @@ impl ReadMark {
         ReadMark(parts.join(","))
     }
 
-    /// The positions of a mark made by [`of_next_offsets`](Self::of_next_offsets); `None` if
-    /// it is not one (a read then starts from the beginning).
+    /// The same, for the destination known by `epoch` (what tells it from one of the same name
+    /// deleted and created again, e.g. a stream's creation time): `epoch|0:15`.
+    pub fn of_next_offsets_in(epoch: &str, next: &BTreeMap<u32, u64>) -> ReadMark {
+        ReadMark(format!("{epoch}|{}", ReadMark::of_next_offsets(next).0))
+    }
+
+    /// The epoch a mark was made in, if it names one.
+    pub fn epoch(&self) -> Option<&str> {
+        self.0.split_once('|').map(|(epoch, _)| epoch)
+    }
+
+    /// The positions of a mark made by [`of_next_offsets`](Self::of_next_offsets) (or
+    /// `of_next_offsets_in`); `None` if it is not one (a read then starts from the beginning).
     pub fn next_offsets(&self) -> Option<BTreeMap<u32, u64>> {
-        if self.0.is_empty() {
+        let positions = self.0.split_once('|').map_or(self.0.as_str(), |(_, p)| p);
+        if positions.is_empty() {
             return Some(BTreeMap::new());
         }
-        self.0
+        positions
             .split(',')
             .map(|part| {
                 let (p, o) = part.split_once(':')?;
@@ -266,6 +279,9 @@ pub struct ReadBack {
     /// The mark after the last record read (where the next read starts); `None` when the
     /// destination cannot be read from a mark.
     pub mark: Option<ReadMark>,
+    /// The mark given was not this destination's (it was deleted and created again since): the
+    /// records were read from its start, and what was folded up to the mark is void.
+    pub restarted: bool,
 }
 
 #[async_trait]

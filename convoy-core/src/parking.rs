@@ -400,6 +400,11 @@ impl ParkedKeys {
             None => (ParkedKeys::default(), None),
         };
         let tail = sink.read_back_after(mark.as_ref()).await?;
+        if tail.restarted {
+            tracing::warn!("the dead-letter destination was deleted and created again since the parked keys' checkpoint: reading it from its start");
+            keys = ParkedKeys::default();
+        }
+        let from_checkpoint = from_checkpoint && !tail.restarted;
         keys.fold(group, &tail.records, Payloads::Drop);
         let read = tail.records.len();
         let mut saved = false;
@@ -982,6 +987,7 @@ mod tests {
             Ok(crate::dead_letter::ReadBack {
                 records,
                 mark: Some(ReadMark::of_next_offsets(&next)),
+                restarted: false,
             })
         }
 

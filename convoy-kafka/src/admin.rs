@@ -263,18 +263,40 @@ pub async fn read_topic_to_end(
 
 /// The records of `topic` from the offsets of `from` on (a partition not named: from its
 /// beginning) to the end each partition had when reading began, and that end per partition:
-/// where the next read starts. A stall of `stall` before the end is an error.
+/// where the next read starts. A stall of `stall` before the end is an error. `None` when an
+/// offset of `from` is past its partition's end: the topic was deleted and created again
+/// since `from` was taken.
 pub async fn read_topic_after(
     config: &KafkaConfig,
     topic: &str,
     from: BTreeMap<u32, u64>,
     stall: Duration,
-) -> Result<(Vec<Message>, BTreeMap<u32, u64>), TransportError> {
+) -> Result<Option<(Vec<Message>, BTreeMap<u32, u64>)>, TransportError> {
     let reader = consumer(config, "convoy-reader")?;
     let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || read_blocking(&reader, &topic, &from, stall, true))
-        .await
-        .map_err(|_| TransportError::Closed)?
+    tokio::task::spawn_blocking(move || match ends_before(&reader, &topic, &from)? {
+        true => Ok(None),
+        false => read_blocking(&reader, &topic, &from, stall, true).map(Some),
+    })
+    .await
+    .map_err(|_| TransportError::Closed)?
+}
+
+/// True if an offset of `from` is past the end of its partition of `topic`.
+fn ends_before(
+    reader: &BaseConsumer,
+    topic: &str,
+    from: &BTreeMap<u32, u64>,
+) -> Result<bool, TransportError> {
+    for (&p, &offset) in from {
+        let (_, high) = reader
+            .fetch_watermarks(topic, i32::try_from(p).unwrap_or(i32::MAX), REACH_TIMEOUT)
+            .map_err(|e| TransportError::broker(format!("reading the end offsets of {topic}"), e))?;
+        if i64::try_from(offset).unwrap_or(i64::MAX) > high {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 async fn read(

@@ -167,15 +167,31 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         crate::admin::read_topic_to_end(&self.config, &self.config.dlq_topic(), READ_BACK_STALL).await
     }
 
-    /// From the offsets of the mark on (per partition), to the end each partition had.
+    /// From the offsets of the mark on (per partition), to the end each partition had. A mark
+    /// past a partition's end (the topic deleted and created again since, shorter) reads the
+    /// topic from its start; one deleted and refilled past the mark is not told apart.
     async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
         let from = mark.and_then(ReadMark::next_offsets).unwrap_or_default();
-        let (records, next) =
-            crate::admin::read_topic_after(&self.config, &self.config.dlq_topic(), from, READ_BACK_STALL)
-                .await?;
+        let topic = self.config.dlq_topic();
+        let (read, restarted) =
+            match crate::admin::read_topic_after(&self.config, &topic, from, READ_BACK_STALL).await? {
+                Some(read) => (read, false),
+                None => {
+                    let read = crate::admin::read_topic_after(
+                        &self.config,
+                        &topic,
+                        Default::default(),
+                        READ_BACK_STALL,
+                    )
+                    .await?
+                    .unwrap_or_default();
+                    (read, true)
+                }
+            };
         Ok(ReadBack {
-            records,
-            mark: Some(ReadMark::of_next_offsets(&next)),
+            records: read.0,
+            mark: Some(ReadMark::of_next_offsets(&read.1)),
+            restarted,
         })
     }
 

@@ -240,6 +240,7 @@ impl DeadLetterSink for MemoryDeadLetterSink {
         Ok(ReadBack {
             records,
             mark: Some(ReadMark::of_next_offsets(&next)),
+            restarted: false,
         })
     }
 

@@ -70,22 +70,43 @@ pub async fn read_stream(config: &NatsConfig, topic: &str) -> Result<Vec<Message
 }
 
 pub(crate) async fn read_with(connected: &Connected, topic: &str) -> Result<Vec<Message>, TransportError> {
-    Ok(read_from(connected, topic, 1).await?.0)
+    Ok(read_from(connected, topic, 1).await?.messages)
 }
 
-/// The messages of `topic`'s stream from sequence `start` on (what it holds now), and the
-/// sequence after the last of them (`start` when there were none).
+/// What [`read_from`] read.
+pub(crate) struct Read {
+    pub messages: Vec<Message>,
+    /// The sequence after the last message (`start` when there were none).
+    pub next: u64,
+    /// When the stream was created (unix nanoseconds): what tells it from one of the same name
+    /// deleted and created again. `None` when there is no stream.
+    pub created: Option<i128>,
+}
+
+/// The messages of `topic`'s stream from sequence `start` on (what it holds now).
 pub(crate) async fn read_from(
     connected: &Connected,
     topic: &str,
     start: u64,
-) -> Result<(Vec<Message>, u64), TransportError> {
+) -> Result<Read, TransportError> {
     let name = topology::stream_name(topic);
-    let stream = match connected.js.get_stream(&name).await {
+    let mut stream = match connected.js.get_stream(&name).await {
         Ok(stream) => stream,
-        Err(e) if e.to_string().contains("not found") => return Ok((Vec::new(), start)),
+        Err(e) if e.to_string().contains("not found") => {
+            return Ok(Read {
+                messages: Vec::new(),
+                next: start,
+                created: None,
+            })
+        }
         Err(e) => return Err(nats_error(&format!("opening the stream of {topic}"), e)),
     };
+    let created = stream
+        .info()
+        .await
+        .map_err(|e| nats_error(&format!("opening the stream of {topic}"), e))?
+        .created
+        .unix_timestamp_nanos();
     let deliver_policy = match start {
         0 | 1 => DeliverPolicy::All,
         start_sequence => DeliverPolicy::ByStartSequence { start_sequence },
@@ -102,7 +123,11 @@ pub(crate) async fn read_from(
     // What the stream holds now; messages published later are not waited for.
     let total = consumer.cached_info().num_pending;
     if total == 0 {
-        return Ok((Vec::new(), start));
+        return Ok(Read {
+            messages: Vec::new(),
+            next: start,
+            created: Some(created),
+        });
     }
     let mut messages = consumer
         .stream()
@@ -139,7 +164,11 @@ pub(crate) async fn read_from(
         }
     }
     let next = out.last().map_or(start, |m| m.offset + 1);
-    Ok((out, next))
+    Ok(Read {
+        messages: out,
+        next,
+        created: Some(created),
+    })
 }
 
 /// `config.group`'s committed watermark of each partition of `topic` that has one.

@@ -258,17 +258,31 @@ impl DeadLetterSink for NatsDeadLetterSink {
         crate::admin::read_with(connected, &self.publisher.target).await
     }
 
-    /// From the stream sequence after the mark on; the mark is the next sequence (`0:N`).
+    /// From the stream sequence of the mark on; the mark is the stream's creation time and the
+    /// next sequence (`created|0:N`). A mark of a stream deleted and created again since (another
+    /// creation time) reads the new stream from its start.
     async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
         let start = mark
             .and_then(ReadMark::next_offsets)
             .and_then(|next| next.get(&0).copied())
             .unwrap_or(1);
         let connected = self.publisher.connection().await?;
-        let (records, next) = crate::admin::read_from(connected, &self.publisher.target, start).await?;
+        let target = &self.publisher.target;
+        let mut read = crate::admin::read_from(connected, target, start).await?;
+        let current = read.created.map(|c| c.to_string());
+        let restarted = start > 1 && mark.and_then(ReadMark::epoch) != current.as_deref();
+        if restarted {
+            read = crate::admin::read_from(connected, target, 1).await?;
+        }
+        let next = BTreeMap::from([(0, read.next)]);
+        let mark = match read.created {
+            Some(created) => ReadMark::of_next_offsets_in(&created.to_string(), &next),
+            None => ReadMark::of_next_offsets(&next),
+        };
         Ok(ReadBack {
-            records,
-            mark: Some(ReadMark::of_next_offsets(&BTreeMap::from([(0, next)]))),
+            records: read.messages,
+            mark: Some(mark),
+            restarted,
         })
     }
 

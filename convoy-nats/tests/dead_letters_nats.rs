@@ -8,7 +8,9 @@
 mod common;
 
 use convoy_nats::topology;
-use convoy_testkit::dead_letters::a_deleted_dead_letter_destination_is_declared_again;
+use convoy_testkit::dead_letters::{
+    a_checkpoint_of_a_deleted_destination_is_void, a_deleted_dead_letter_destination_is_declared_again,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_dead_letter_stream_is_declared_again() {
@@ -19,6 +21,22 @@ async fn a_deleted_dead_letter_stream_is_declared_again() {
     let bed = common::NatsBed::new(&server, 1).await;
     let stream = topology::stream_name(&bed.config.dlq_topic());
     a_deleted_dead_letter_destination_is_declared_again(&bed, || async {
+        let client = async_nats::connect(&server).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        js.delete_stream(&stream).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_of_a_deleted_dead_letter_stream_is_void() {
+    let Some(server) = common::server() else {
+        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
+        return;
+    };
+    let bed = common::NatsBed::new(&server, 1).await;
+    let stream = topology::stream_name(&bed.config.dlq_topic());
+    a_checkpoint_of_a_deleted_destination_is_void(&bed, || async {
         let client = async_nats::connect(&server).await.unwrap();
         let js = async_nats::jetstream::new(client);
         js.delete_stream(&stream).await.unwrap();

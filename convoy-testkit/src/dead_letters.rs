@@ -77,3 +77,61 @@ pub async fn a_deleted_dead_letter_destination_is_declared_again<F: Future<Outpu
     assert!(checked.is_clean(), "{checked:#?}");
     assert_eq!(checked.finished, 3);
 }
+
+/// A group's checkpoint of its parked keys is void once `delete` removed the destination it
+/// was taken of: the read-back after the destination was declared again starts from its start
+/// and knows only the new records (a stale mark would skip them; a stale fold would keep keys
+/// whose records are gone).
+pub async fn a_checkpoint_of_a_deleted_destination_is_void<F: Future<Output = ()>>(
+    bed: &dyn TestBed,
+    delete: impl FnOnce() -> F,
+) {
+    use convoy_core::parking::ParkedKeys;
+
+    let (sink, group) = (bed.dead_letter_sink(), bed.group().to_owned());
+    let publish = |key: &'static str, id: &'static str, parks: bool| {
+        let sink = sink.clone();
+        let record = crate::parking::parking_record(&group, key, id, parks);
+        async move {
+            // The first publish after a deletion may fail: the sink declares the destination
+            // again before it answers, and the engine would retry.
+            for attempt in 0.. {
+                match sink.publish(&record).await {
+                    Ok(()) => return,
+                    Err(e) if attempt < 5 => {
+                        tracing::info!(error = %e, "publishing a dead letter again");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("publishing a dead letter: {e}"),
+                }
+            }
+        }
+    };
+    publish("ck-0", "ledger/0@1", true).await;
+    publish("ck-0", "ledger/0@2", false).await;
+    publish("ck-0", "ledger/0@3", false).await;
+    let first = ParkedKeys::catch_up(&group, &*sink, 1)
+        .await
+        .unwrap_or_else(|e| panic!("read-back: {e}"));
+    assert!(first.saved && first.keys.len() == 1, "{first:?}");
+
+    delete().await;
+    publish("ck-5", "ledger/0@9", true).await;
+    let after = ParkedKeys::catch_up(&group, &*sink, usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("read-back: {e}"));
+    assert!(
+        !after.from_checkpoint,
+        "the checkpoint of the deleted destination is void"
+    );
+    let parked: Vec<(String, usize)> = after
+        .keys
+        .iter()
+        .map(|(k, p)| (String::from_utf8_lossy(k).into_owned(), p.pending()))
+        .collect();
+    assert_eq!(
+        parked,
+        [("ck-5".to_owned(), 1)],
+        "only what the new destination holds"
+    );
+}

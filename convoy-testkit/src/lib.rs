@@ -13,6 +13,7 @@
 //!   the tests that crash and restart them;
 //! - [`ownership`]: scenarios for transports whose members balance partitions themselves;
 //! - [`parking`]: the conformance case of parked keys (set aside across a restart, replayed in order);
+//! - [`readback`]: what a read-back of parked keys costs over a long dead-letter history, beside a whole read;
 //! - [`proxy`]: a TCP proxy that cuts or silently stalls a client's connections to its broker;
 //! - [`restarts`]: a broker killed and restarted twice under load, nothing lost;
 //! - [`scenario`]: the benchmark scenario runner (load, latency histogram, order check, baseline);
@@ -31,6 +32,7 @@ pub mod ownership;
 pub mod parking;
 pub mod probe;
 pub mod proxy;
+pub mod readback;
 pub mod restarts;
 pub mod scenario;
 pub mod script;

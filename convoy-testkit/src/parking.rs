@@ -177,7 +177,7 @@ pub async fn parked_key_waits_for_its_replay(target: &dyn ConformanceTarget) {
 
 /// A dead letter of `key` for `group` that parks its key (`failed`), or a message set aside
 /// behind it, known by `id`.
-fn parking_record(group: &str, key: &str, id: &str, failed: bool) -> DeadLetter {
+pub(crate) fn parking_record(group: &str, key: &str, id: &str, failed: bool) -> DeadLetter {
     let mut headers = Headers::new();
     headers.insert(DL_PARK_ID, id.to_owned());
     let now = SystemTime::now();

@@ -173,17 +173,27 @@ impl Connection {
     }
 
     /// Deletes the dead-letter topic `name` and every dead letter in it (parked keys' records
-    /// included: their keys are then no longer parked).
+    /// included: their keys are then no longer parked), with the parked keys' checkpoints of it
+    /// that live beside it (Kafka's `<name>.parking`; on RabbitMQ the connection's group's).
     pub async fn remove_dead_letter_topic(&self, name: &str) -> Result<(), ConnectError> {
         match &self.backend {
             #[cfg(feature = "memory")]
             Backend::Memory(_) => self.remove_topic(name, &[]).await,
             #[cfg(feature = "kafka")]
-            Backend::Kafka(config) => Ok(convoy_kafka::admin::delete_topics(config, &[name]).await?),
+            Backend::Kafka(config) => {
+                let checkpoints = format!("{name}.parking");
+                let listed = convoy_kafka::admin::list_topics(config).await?;
+                let mut doomed = vec![name];
+                if listed.iter().any(|(t, _)| *t == checkpoints) {
+                    doomed.push(&checkpoints);
+                }
+                Ok(convoy_kafka::admin::delete_topics(config, &doomed).await?)
+            }
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
                 let config = crate::backend::amqp::config_for(config, &self.endpoint, false)?;
-                Ok(convoy_amqp::admin::delete_dead_letter_stream(&config, name).await?)
+                convoy_amqp::admin::delete_dead_letter_stream(&config, name).await?;
+                Ok(convoy_amqp::admin::delete_checkpoint(&config, name, &self.endpoint.group).await?)
             }
             #[cfg(feature = "nats")]
             Backend::Nats(config) => {

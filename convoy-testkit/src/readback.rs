@@ -1,0 +1,203 @@
+//! What an engine's read-back of parked keys costs on a dead-letter destination with a long
+//! history: a few parked keys among a million dead letters, written in stretches with the
+//! read-backs an engine makes (one per `checkpoint_after` records it writes), then a fresh
+//! engine's assignment — against the baseline of reading the whole destination, as every
+//! assignment did before checkpoints.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use convoy_core::parking::{ParkedKeys, DL_PARK_ID};
+use convoy_core::{
+    DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, Headers, Message, SourceId, TransportError,
+};
+
+/// The history to write.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    /// Dead letters written in all (the parked keys' records included).
+    pub dead_letters: usize,
+    /// Keys parked among them.
+    pub parked_keys: usize,
+    /// Records a read-back reads past its checkpoint before it saves a new one.
+    pub checkpoint_after: usize,
+}
+
+/// What the assignment's read-back cost, beside a whole read.
+#[derive(Debug)]
+pub struct Report {
+    /// Dead letters the destination holds.
+    pub written: usize,
+    /// Time to write them (with the read-backs made meanwhile).
+    pub write_time: Duration,
+    /// The assignment's read-back: records read past the checkpoint, and its time.
+    pub records_read: usize,
+    /// How long it took.
+    pub read_time: Duration,
+    /// Bytes held by what it read: the checkpoint plus the records after it.
+    pub held_bytes: usize,
+    /// Keys it found parked.
+    pub parked: usize,
+    /// The baseline: a whole read of the destination (records, time, bytes).
+    pub whole_records: usize,
+    /// How long the whole read took.
+    pub whole_time: Duration,
+    /// Bytes the whole read held.
+    pub whole_bytes: usize,
+    /// Keys the whole read found parked (must equal `parked`).
+    pub whole_parked: usize,
+}
+
+/// A dead letter of `group` for `key`: one that parks its key, or a plain terminal one.
+fn record(group: &str, key: &str, id: &str, parks: bool) -> DeadLetter {
+    let mut headers = Headers::new();
+    headers.insert(DL_PARK_ID, id.to_owned());
+    let now = SystemTime::now();
+    DeadLetter {
+        message: Message {
+            key: Some(Bytes::from(key.to_owned())),
+            payload: Bytes::from(format!("{{\"entry\":\"{id}\",\"cents\":-500}}")),
+            headers,
+            source: SourceId::partition("ledger", 0),
+            offset: 0,
+        },
+        reason: DeadLetterReason {
+            cause: DeadLetterCause::Terminal,
+            error_class: "terminal".into(),
+            error: "cannot apply the entry".into(),
+            attempts: 1,
+            first_failure: now,
+            last_failure: now,
+            group: group.to_owned(),
+            parks_key: parks,
+        },
+    }
+}
+
+fn held(records: &[Message]) -> usize {
+    records.iter().map(Message::weight).sum()
+}
+
+/// Writes the history through `sink` (a stretch's dead letters published concurrently, as an
+/// engine's lanes do), reading back as an engine would, then measures a fresh assignment's
+/// read-back and a whole read.
+pub async fn measure(
+    sink: Arc<dyn DeadLetterSink>,
+    group: &str,
+    shape: &Shape,
+) -> Result<Report, TransportError> {
+    let started = Instant::now();
+    let mut written = 0;
+    for k in 0..shape.parked_keys {
+        sink.publish(&record(group, &format!("parked-{k}"), &format!("p{k}"), true))
+            .await?;
+        written += 1;
+    }
+    let stretch = shape.checkpoint_after.max(1);
+    while written < shape.dead_letters {
+        let n = stretch.min(shape.dead_letters - written);
+        let batch: Vec<DeadLetter> = (written..written + n)
+            .map(|i| record(group, &format!("k{}", i % 50_000), &format!("d{i}"), false))
+            .collect();
+        for result in futures_util::future::join_all(batch.iter().map(|d| sink.publish(d))).await {
+            result?;
+        }
+        written += n;
+        if written < shape.dead_letters {
+            // What an engine that wrote `checkpoint_after` records does on its next tick.
+            ParkedKeys::catch_up(group, &*sink, shape.checkpoint_after).await?;
+        }
+    }
+    let write_time = started.elapsed();
+
+    let started = Instant::now();
+    let caught_up = ParkedKeys::catch_up(group, &*sink, shape.checkpoint_after).await?;
+    let read_time = started.elapsed();
+    let checkpoint = sink.load_checkpoint(group).await?.map_or(0, |c| c.len());
+
+    let started = Instant::now();
+    let whole = sink.read_back().await?;
+    let whole_time = started.elapsed();
+    let whole_parked = ParkedKeys::read(group, &whole).len();
+    Ok(Report {
+        written,
+        write_time,
+        records_read: caught_up.read,
+        read_time,
+        // The checkpoint, and at most the records read past it (their average size).
+        held_bytes: checkpoint + caught_up.read * held(&whole) / whole.len().max(1),
+        parked: caught_up.keys.len(),
+        whole_records: whole.len(),
+        whole_time,
+        whole_bytes: held(&whole),
+        whole_parked,
+    })
+}
+
+impl Report {
+    /// The report as the benchmark prints it.
+    pub fn print(&self, broker: &str, shape: &Shape) {
+        let mb = |b: usize| b as f64 / 1_000_000.0;
+        println!(
+            "{broker}: {} dead letters ({} parked keys) written in {:.1} s, a read-back per {} written",
+            self.written,
+            shape.parked_keys,
+            self.write_time.as_secs_f64(),
+            shape.checkpoint_after
+        );
+        println!(
+            "  assignment, from the checkpoint: {} records read in {:.3} s, {:.3} MB held, {} keys parked",
+            self.records_read,
+            self.read_time.as_secs_f64(),
+            mb(self.held_bytes),
+            self.parked
+        );
+        println!(
+            "  baseline, the whole destination: {} records read in {:.3} s, {:.1} MB held, {} keys parked",
+            self.whole_records,
+            self.whole_time.as_secs_f64(),
+            mb(self.whole_bytes),
+            self.whole_parked
+        );
+        println!(
+            "  ratio: {:.4} of the records, {:.4} of the time",
+            self.records_read as f64 / self.whole_records.max(1) as f64,
+            self.read_time.as_secs_f64() / self.whole_time.as_secs_f64().max(1e-9)
+        );
+    }
+
+    /// True when the read-back is within the bound (at most `max_records` records and
+    /// `max_bytes` held) and found what a whole read finds.
+    pub fn within(&self, max_records: usize, max_bytes: usize) -> bool {
+        self.records_read <= max_records && self.held_bytes <= max_bytes && self.parked == self.whole_parked
+    }
+}
+
+/// The bench's body for one broker: measures, prints, and fails unless an assignment read at
+/// most 10,000 records and held at most 10 MB, and found what a whole read finds.
+pub async fn run(
+    broker: &str,
+    sink: Arc<dyn DeadLetterSink>,
+    group: &str,
+    shape: &Shape,
+) -> std::process::ExitCode {
+    match measure(sink, group, shape).await {
+        Ok(report) => {
+            report.print(broker, shape);
+            match report.within(10_000, 10_000_000) {
+                true => std::process::ExitCode::SUCCESS,
+                false => {
+                    println!(
+                        "  FAILED: an assignment must read at most 10,000 records and hold at most 10 MB"
+                    );
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("readback bench on {broker}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
