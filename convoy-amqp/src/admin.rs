@@ -217,15 +217,7 @@ pub async fn dead_letter_stream_exists(config: &AmqpConfig, name: &str) -> Resul
 /// Deletes the dead-letter stream `name` and every dead letter in it.
 pub async fn delete_dead_letter_stream(config: &AmqpConfig, name: &str) -> Result<(), TransportError> {
     let connection = connect(config, "admin").await?;
-    let result = async {
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| broker("opening a channel", e))?;
-        topology::delete_queue(&channel, name).await?;
-        Ok::<(), TransportError>(())
-    }
-    .await;
+    let result = delete_queue_on(&connection, name).await;
     crate::connect::close(&connection, "done").await;
     result
 }
@@ -235,19 +227,23 @@ pub async fn delete_checkpoint(config: &AmqpConfig, stream: &str, group: &str) -
     let queue = crate::checkpoint::queue(stream, group);
     let connection = connect(config, "admin").await?;
     let result = async {
-        if !topology::exists(&connection, false, &queue).await? {
-            return Ok(());
+        match topology::exists(&connection, false, &queue).await? {
+            true => delete_queue_on(&connection, &queue).await,
+            false => Ok(()),
         }
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| broker("opening a channel", e))?;
-        topology::delete_queue(&channel, &queue).await?;
-        Ok::<(), TransportError>(())
     }
     .await;
     crate::connect::close(&connection, "done").await;
     result
+}
+
+/// Deletes the queue `name` on a channel of its own.
+async fn delete_queue_on(connection: &lapin::Connection, name: &str) -> Result<(), TransportError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| broker("opening a channel", e))?;
+    Ok(topology::delete_queue(&channel, name).await?)
 }
 
 /// Deletes `topic`'s exchange and `config.group`'s queues of it, and the queue `also` (a
@@ -266,11 +262,7 @@ pub async fn delete_topic(
         )
         .await?;
         if let Some(queue) = also {
-            let channel = connection
-                .create_channel()
-                .await
-                .map_err(|e| broker("opening a channel", e))?;
-            topology::delete_queue(&channel, queue).await?;
+            delete_queue_on(&connection, queue).await?;
         }
         Ok::<(), TransportError>(())
     }

@@ -5,11 +5,9 @@
 
 use bytes::Bytes;
 use convoy_core::TransportError;
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicGetOptions, BasicRejectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::{Channel, Connection};
 
 use crate::config::AmqpConfig;
 use crate::connect::{close, connect};
@@ -34,26 +32,7 @@ pub async fn save(config: &AmqpConfig, queue: &str, checkpoint: &[u8]) -> Result
         )
         .await?
         .map_err(|e| broker(&format!("declaring {queue}"), e))?;
-        answered(
-            "enabling confirms",
-            channel.confirm_select(ConfirmSelectOptions::default()),
-        )
-        .await?
-        .map_err(|e| broker("enabling confirms", e))?;
-        let publish = channel.basic_publish(
-            "".into(),
-            queue.into(),
-            BasicPublishOptions::default(),
-            checkpoint,
-            BasicProperties::default().with_delivery_mode(2),
-        );
-        let confirm = answered("saving a checkpoint", publish)
-            .await?
-            .map_err(|e| broker("saving a checkpoint", e))?;
-        answered("saving a checkpoint", confirm)
-            .await?
-            .map_err(|e| broker("saving a checkpoint", e))?;
-        Ok(())
+        topology::publish_confirmed(&channel, queue, checkpoint, "saving a checkpoint").await
     }
     .await;
     close(&connection, "done").await;

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use convoy_core::TransportError;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Connection};
+use lapin::Connection;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AmqpConfig;
@@ -84,27 +83,9 @@ pub async fn note(connection: &Connection, record: &Record) -> Result<(), Transp
     let channel = answered("opening a channel", connection.create_channel())
         .await?
         .map_err(|e| broker("opening a channel", e))?;
-    answered(
-        "enabling confirms",
-        channel.confirm_select(ConfirmSelectOptions::default()),
-    )
-    .await?
-    .map_err(|e| broker("enabling confirms", e))?;
     let body =
         serde_json::to_vec(record).map_err(|e| TransportError::broker("encoding a registry record", e))?;
-    let publish = channel.basic_publish(
-        "".into(),
-        REGISTRY.into(),
-        BasicPublishOptions::default(),
-        &body,
-        BasicProperties::default().with_delivery_mode(2),
-    );
-    let confirm = answered("recording the topic", publish)
-        .await?
-        .map_err(|e| broker("recording the topic", e))?;
-    answered("recording the topic", confirm)
-        .await?
-        .map_err(|e| broker("recording the topic", e))?;
+    topology::publish_confirmed(&channel, REGISTRY, &body, "recording the topic").await?;
     let _ = answered("closing a channel", channel.close(200, "recorded".into())).await;
     Ok(())
 }

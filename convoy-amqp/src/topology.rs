@@ -20,11 +20,15 @@
 //! Every call is bounded in time ([`crate::error::CALL_TIMEOUT`]).
 
 use crate::config::AmqpConfig;
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
+use convoy_core::TransportError;
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 
-use crate::error::{amqp_error, answered, TopologyError};
+use crate::error::{amqp_error, answered, broker, TopologyError};
 
 /// The partition queue of `group` for partition `p` of `topic`.
 pub fn partition_queue(topic: &str, group: &str, p: u32) -> String {
@@ -289,6 +293,33 @@ pub async fn declare_stream(conn: &Connection, name: &str) -> Result<(), Topolog
         Ok(())
     })
     .await
+}
+
+/// Publishes `body` to the queue `queue` (by the default exchange), persistent, and waits for
+/// the broker's confirm: the write of a small store kept in a queue (the registry, a parked keys'
+/// checkpoint). `what` names it in errors.
+pub async fn publish_confirmed(
+    channel: &Channel,
+    queue: &str,
+    body: &[u8],
+    what: &str,
+) -> Result<(), TransportError> {
+    answered(
+        "enabling confirms",
+        channel.confirm_select(ConfirmSelectOptions::default()),
+    )
+    .await?
+    .map_err(|e| broker("enabling confirms", e))?;
+    let publish = channel.basic_publish(
+        "".into(),
+        queue.into(),
+        BasicPublishOptions::default(),
+        body,
+        BasicProperties::default().with_delivery_mode(2),
+    );
+    let confirm = answered(what, publish).await?.map_err(|e| broker(what, e))?;
+    answered(what, confirm).await?.map_err(|e| broker(what, e))?;
+    Ok(())
 }
 
 /// Ready messages (not delivered, or returned) and consumers of a partition queue.

@@ -145,22 +145,7 @@ pub async fn create_topics_replicated(
         .iter()
         .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(replication)))
         .collect();
-    let results = admin
-        .create_topics(&new, &admin_options())
-        .await
-        .map_err(|e| TransportError::broker("creating topics", e))?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => {
-                return Err(TransportError::broker(
-                    format!("creating topic {topic}"),
-                    rdkafka::error::KafkaError::AdminOp(code),
-                ))
-            }
-        }
-    }
-    Ok(())
+    create(&admin, &new).await
 }
 
 /// Creates the compacted one-partition topic `name` if it does not exist: a store of the latest
@@ -168,8 +153,16 @@ pub async fn create_topics_replicated(
 pub async fn create_compacted_topic(config: &KafkaConfig, name: &str) -> Result<(), TransportError> {
     let admin = admin_client(config)?;
     let topic = NewTopic::new(name, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    create(&admin, &[topic]).await
+}
+
+/// Creates `topics`, leaving those that exist already alone.
+async fn create(
+    admin: &AdminClient<DefaultClientContext>,
+    topics: &[NewTopic<'_>],
+) -> Result<(), TransportError> {
     let results = admin
-        .create_topics(&[topic], &admin_options())
+        .create_topics(topics, &admin_options())
         .await
         .map_err(|e| TransportError::broker("creating topics", e))?;
     for result in results {
@@ -261,6 +254,9 @@ pub async fn read_topic_to_end(
     read(config, topic, stall, true).await
 }
 
+/// Records read, and the next offset of each partition (where the next read starts).
+pub type ReadAfter = (Vec<Message>, BTreeMap<u32, u64>);
+
 /// The records of `topic` from the offsets of `from` on (a partition not named: from its
 /// beginning) to the end each partition had when reading began, and that end per partition:
 /// where the next read starts. A stall of `stall` before the end is an error. `None` when an
@@ -271,32 +267,12 @@ pub async fn read_topic_after(
     topic: &str,
     from: BTreeMap<u32, u64>,
     stall: Duration,
-) -> Result<Option<(Vec<Message>, BTreeMap<u32, u64>)>, TransportError> {
+) -> Result<Option<ReadAfter>, TransportError> {
     let reader = consumer(config, "convoy-reader")?;
     let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || match ends_before(&reader, &topic, &from)? {
-        true => Ok(None),
-        false => read_blocking(&reader, &topic, &from, stall, true).map(Some),
-    })
-    .await
-    .map_err(|_| TransportError::Closed)?
-}
-
-/// True if an offset of `from` is past the end of its partition of `topic`.
-fn ends_before(
-    reader: &BaseConsumer,
-    topic: &str,
-    from: &BTreeMap<u32, u64>,
-) -> Result<bool, TransportError> {
-    for (&p, &offset) in from {
-        let (_, high) = reader
-            .fetch_watermarks(topic, i32::try_from(p).unwrap_or(i32::MAX), REACH_TIMEOUT)
-            .map_err(|e| TransportError::broker(format!("reading the end offsets of {topic}"), e))?;
-        if i64::try_from(offset).unwrap_or(i64::MAX) > high {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    tokio::task::spawn_blocking(move || read_blocking(&reader, &topic, &from, stall, true))
+        .await
+        .map_err(|_| TransportError::Closed)?
 }
 
 async fn read(
@@ -308,7 +284,8 @@ async fn read(
     let reader = consumer(config, "convoy-reader")?;
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
-        read_blocking(&reader, &topic, &BTreeMap::new(), idle, to_end).map(|(m, _)| m)
+        // From the beginning: never past an end.
+        read_blocking(&reader, &topic, &BTreeMap::new(), idle, to_end).map(|read| read.unwrap_or_default().0)
     })
     .await
     .map_err(|_| TransportError::Closed)?
@@ -320,7 +297,7 @@ fn read_blocking(
     from: &BTreeMap<u32, u64>,
     idle: Duration,
     to_end: bool,
-) -> Result<(Vec<Message>, BTreeMap<u32, u64>), TransportError> {
+) -> Result<Option<ReadAfter>, TransportError> {
     let metadata = reader
         .fetch_metadata(Some(topic), REACH_TIMEOUT)
         .map_err(|e| TransportError::broker(format!("reading the metadata of {topic}"), e))?;
@@ -340,19 +317,18 @@ fn read_blocking(
         let (low, high) = reader
             .fetch_watermarks(topic, p, REACH_TIMEOUT)
             .map_err(|e| TransportError::broker(format!("reading the end offsets of {topic}"), e))?;
-        let start = from
-            .get(&u32::try_from(p).unwrap_or(0))
-            .and_then(|&o| i64::try_from(o).ok())
-            .map_or(low, |o| o.max(low));
-        next.insert(
-            u32::try_from(p).unwrap_or(0),
-            u64::try_from(high.max(start)).unwrap_or(0),
-        );
+        let part = u32::try_from(p).unwrap_or(0);
+        let given = from.get(&part).map(|&o| i64::try_from(o).unwrap_or(i64::MAX));
+        if given.is_some_and(|o| o > high) {
+            return Ok(None);
+        }
+        let start = given.map_or(low, |o| o.max(low));
+        next.insert(part, u64::try_from(high.max(start)).unwrap_or(0));
         if high > start {
             remaining.insert(p, high);
-            let offset = match from.contains_key(&u32::try_from(p).unwrap_or(0)) {
-                true => KafkaOffset::Offset(start),
-                false => KafkaOffset::Beginning,
+            let offset = match given {
+                Some(_) => KafkaOffset::Offset(start),
+                None => KafkaOffset::Beginning,
             };
             assignment
                 .add_partition_offset(topic, p, offset)
@@ -360,7 +336,7 @@ fn read_blocking(
         }
     }
     if remaining.is_empty() {
-        return Ok((Vec::new(), next));
+        return Ok(Some((Vec::new(), next)));
     }
     reader
         .assign(&assignment)
@@ -395,5 +371,5 @@ fn read_blocking(
         )));
     }
     messages.sort_by(|a, b| (a.source.as_str(), a.offset).cmp(&(b.source.as_str(), b.offset)));
-    Ok((messages, next))
+    Ok(Some((messages, next)))
 }

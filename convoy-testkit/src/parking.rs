@@ -178,30 +178,50 @@ pub async fn parked_key_waits_for_its_replay(target: &dyn ConformanceTarget) {
 /// A dead letter of `key` for `group` that parks its key (`failed`), or a message set aside
 /// behind it, known by `id`.
 pub(crate) fn parking_record(group: &str, key: &str, id: &str, failed: bool) -> DeadLetter {
+    let cause = match failed {
+        true => DeadLetterCause::Terminal,
+        false => DeadLetterCause::Parked,
+    };
+    dead_letter(
+        group,
+        key,
+        id,
+        cause,
+        failed,
+        Bytes::from(format!("payload of {id}")),
+    )
+}
+
+/// A dead letter of `key`'s message known by `id`, of `group`, with `cause` (and parking its
+/// key if `parks`), as the engine writes one.
+pub(crate) fn dead_letter(
+    group: &str,
+    key: &str,
+    id: &str,
+    cause: DeadLetterCause,
+    parks: bool,
+    payload: Bytes,
+) -> DeadLetter {
     let mut headers = Headers::new();
     headers.insert(DL_PARK_ID, id.to_owned());
     let now = SystemTime::now();
     DeadLetter {
         message: Message {
             key: Some(Bytes::from(key.to_owned())),
-            payload: Bytes::from(format!("payload of {id}")),
+            payload,
             headers,
             source: SourceId::partition("ledger", 0),
             offset: 0,
         },
         reason: DeadLetterReason {
-            cause: if failed {
-                DeadLetterCause::Terminal
-            } else {
-                DeadLetterCause::Parked
-            },
+            cause,
             error_class: "terminal".into(),
-            error: "cannot apply".into(),
+            error: "cannot apply the entry".into(),
             attempts: 1,
             first_failure: now,
             last_failure: now,
             group: group.to_owned(),
-            parks_key: failed,
+            parks_key: parks,
         },
     }
 }

@@ -5,13 +5,11 @@
 //! assignment did before checkpoints.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use convoy_core::parking::{ParkedKeys, DL_PARK_ID};
-use convoy_core::{
-    DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, Headers, Message, SourceId, TransportError,
-};
+use convoy_core::parking::ParkedKeys;
+use convoy_core::{DeadLetter, DeadLetterCause, DeadLetterSink, Message, TransportError};
 
 /// The history to write.
 #[derive(Clone, Debug)]
@@ -53,28 +51,8 @@ pub struct Report {
 
 /// A dead letter of `group` for `key`: one that parks its key, or a plain terminal one.
 fn record(group: &str, key: &str, id: &str, parks: bool) -> DeadLetter {
-    let mut headers = Headers::new();
-    headers.insert(DL_PARK_ID, id.to_owned());
-    let now = SystemTime::now();
-    DeadLetter {
-        message: Message {
-            key: Some(Bytes::from(key.to_owned())),
-            payload: Bytes::from(format!("{{\"entry\":\"{id}\",\"cents\":-500}}")),
-            headers,
-            source: SourceId::partition("ledger", 0),
-            offset: 0,
-        },
-        reason: DeadLetterReason {
-            cause: DeadLetterCause::Terminal,
-            error_class: "terminal".into(),
-            error: "cannot apply the entry".into(),
-            attempts: 1,
-            first_failure: now,
-            last_failure: now,
-            group: group.to_owned(),
-            parks_key: parks,
-        },
-    }
+    let payload = Bytes::from(format!("{{\"entry\":\"{id}\",\"cents\":-500}}"));
+    crate::parking::dead_letter(group, key, id, DeadLetterCause::Terminal, parks, payload)
 }
 
 /// What one dead letter written here weighs as read back (key, payload, headers).

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, SharedString, Unit,
 };
-use opentelemetry::metrics::{Meter, ObservableCounter, ObservableGauge};
+use opentelemetry::metrics::{AsyncInstrumentBuilder, Meter, ObservableCounter, ObservableGauge};
 use opentelemetry::KeyValue;
 
 use crate::metrics::{BATCH_BUCKETS, BATCH_MESSAGES, GAUGE_IDLE_AFTER, SECONDS_BUCKETS};
@@ -128,6 +128,20 @@ fn unit_of(unit: Option<Unit>) -> Option<&'static str> {
     }
 }
 
+/// An observable instrument's `builder` with what `describe_*` said of its metric.
+fn described<'a, I, M>(
+    mut builder: AsyncInstrumentBuilder<'a, I, M>,
+    said: Option<(Option<Unit>, SharedString)>,
+) -> AsyncInstrumentBuilder<'a, I, M> {
+    if let Some((unit, description)) = said {
+        builder = builder.with_description(description.to_string());
+        if let Some(unit) = unit_of(unit) {
+            builder = builder.with_unit(unit);
+        }
+    }
+    builder
+}
+
 /// The series of `key` in `series`, created on first use.
 fn series_of<C: Default>(series: &Mutex<HashMap<Key, Arc<C>>>, key: &Key) -> Arc<C> {
     lock(series).entry(key.clone()).or_default().clone()
@@ -149,11 +163,11 @@ impl metrics::Recorder for OtelRecorder {
     fn register_counter(&self, key: &Key, _metadata: &Metadata<'_>) -> Counter {
         let mut state = self.state();
         let name = key.name().to_owned();
-        let (unit, description) = state.descriptions.get(&name).cloned().unzip();
+        let said = state.descriptions.get(&name).cloned();
         let observed = state.counters.entry(name.clone()).or_insert_with(|| {
             let series: Arc<Mutex<HashMap<Key, Arc<CounterCell>>>> = Arc::default();
             let read = series.clone();
-            let mut builder = self
+            let builder = self
                 .meter
                 .u64_observable_counter(name)
                 .with_callback(move |observer| {
@@ -161,15 +175,9 @@ impl metrics::Recorder for OtelRecorder {
                         observer.observe(cell.total.load(Ordering::Relaxed), &attributes(key));
                     }
                 });
-            if let Some(description) = description {
-                builder = builder.with_description(description.to_string());
-            }
-            if let Some(unit) = unit_of(unit.flatten()) {
-                builder = builder.with_unit(unit);
-            }
             Observed {
                 series,
-                _instrument: builder.build(),
+                _instrument: described(builder, said).build(),
             }
         });
         Counter::from_arc(series_of(&observed.series, key))
@@ -178,12 +186,12 @@ impl metrics::Recorder for OtelRecorder {
     fn register_gauge(&self, key: &Key, _metadata: &Metadata<'_>) -> Gauge {
         let mut state = self.state();
         let name = key.name().to_owned();
-        let (unit, description) = state.descriptions.get(&name).cloned().unzip();
+        let said = state.descriptions.get(&name).cloned();
         let idle_after = self.idle_after;
         let observed = state.gauges.entry(name.clone()).or_insert_with(|| {
             let series: Arc<Mutex<HashMap<Key, Arc<GaugeCell>>>> = Arc::default();
             let read = series.clone();
-            let mut builder = self
+            let builder = self
                 .meter
                 .f64_observable_gauge(name)
                 .with_callback(move |observer| {
@@ -193,15 +201,9 @@ impl metrics::Recorder for OtelRecorder {
                         }
                     }
                 });
-            if let Some(description) = description {
-                builder = builder.with_description(description.to_string());
-            }
-            if let Some(unit) = unit_of(unit.flatten()) {
-                builder = builder.with_unit(unit);
-            }
             Observed {
                 series,
-                _instrument: builder.build(),
+                _instrument: described(builder, said).build(),
             }
         });
         Gauge::from_arc(series_of(&observed.series, key))
