@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use convoy_core::Engine;
 use convoy_nats::{admin, NatsDeadLetterSink, NatsPublisher, NatsTransport};
 use convoy_testkit::conformance::test_config;
-use convoy_testkit::probe::{publish_load, FaultPlan, Latency, ProbeHandler, RecordingSink};
+use convoy_testkit::probe::{probe_key, publish_load, FaultPlan, Latency, ProbeHandler, RecordingSink};
 use convoy_testkit::proxy::Proxy;
 use convoy_testkit::OrderChecker;
 
@@ -40,10 +40,13 @@ async fn commits_go_on_after_writes_whose_answers_were_lost() {
     // Leases outlive the fault: what is tested is the commit, not ownership.
     through_proxy.lease_ttl_ms = 60_000;
     let checker = Arc::new(OrderChecker::new());
-    let plan = FaultPlan {
+    let mut plan = FaultPlan {
         latency: Latency::Fixed(Duration::from_millis(20)),
         ..FaultPlan::default()
     };
+    // One key is held until the answers are stalled, so that handling (and so committing) is
+    // certainly still going on then, however fast or slow the machine is.
+    let held = plan.hold_key(probe_key("k", 0));
     let engine = Engine::builder(ProbeHandler::with_faults(checker.clone(), plan))
         .config(test_config(&direct.group))
         .dead_letter_sink(RecordingSink::new(
@@ -56,15 +59,21 @@ async fn commits_go_on_after_writes_whose_answers_were_lost() {
         .await
         .unwrap();
     let publisher = NatsPublisher::new(&direct, &topic);
-    // 10 keys × 60, 20 ms each: about 2.5 s of handling, committed every 20 ms.
+    // 10 keys × 60, 20 ms each, committed every 20 ms.
     publish_load(&publisher, &checker, "k", 10, 60).await.unwrap();
+    assert!(
+        tokio::time::timeout(LIMIT, held.reached()).await.is_ok(),
+        "the held key's first message never reached its handler: {:?}",
+        checker.report()
+    );
     assert!(
         checker.wait_for(LIMIT, |c| c.finished() >= 100).await,
         "{:?}",
         checker.report()
     );
     proxy.stall_replies();
-    // The handlers of what was delivered finish meanwhile, and their commits go out unanswered.
+    // The held key goes on now: its watermark moves, and the commits go out unanswered.
+    held.release();
     let stalled = Instant::now();
     let deadline = stalled + LIMIT;
     while proxy.held_bytes() == 0 {

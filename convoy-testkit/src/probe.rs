@@ -122,9 +122,25 @@ pub fn probe_batch(
 pub struct Latch {
     open: AtomicBool,
     notify: Notify,
+    arrived: AtomicBool,
+    arrival: Notify,
 }
 
 impl Latch {
+    /// Resolves once a handler has come to the latch (at once if one has already): from then
+    /// on, that message is certainly fetched and in its handler.
+    pub async fn reached(&self) {
+        loop {
+            let arrival = self.arrival.notified();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            if self.arrived.load(Relaxed) {
+                return;
+            }
+            arrival.await;
+        }
+    }
+
     /// Opens the latch: waiting handlers go on, later ones pass straight through.
     pub fn release(&self) {
         self.open.store(true, Relaxed);
@@ -132,6 +148,8 @@ impl Latch {
     }
 
     async fn wait(&self) {
+        self.arrived.store(true, Relaxed);
+        self.arrival.notify_waiters();
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
