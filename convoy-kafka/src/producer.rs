@@ -2,6 +2,8 @@
 //! every message gets a stable event id and a `traceparent` unless it carries them already.
 //! The dead-letter sink publishes to the DLQ topic the same way.
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -47,6 +49,15 @@ impl KafkaPublisher {
     pub fn without_stamps(mut self) -> Self {
         self.stamp = false;
         self
+    }
+
+    /// The same producer (its connections and queue), publishing to `topic` unstamped.
+    fn to_topic(&self, topic: String) -> KafkaPublisher {
+        KafkaPublisher {
+            producer: self.producer.clone(),
+            topic,
+            stamp: false,
+        }
     }
 
     /// The topic published to.
@@ -136,14 +147,21 @@ impl BatchSender for KafkaPublisher {
 #[derive(Clone)]
 pub struct KafkaDeadLetterSink {
     publisher: KafkaPublisher,
+    /// The checkpoints' topic, through the dead letters' producer: a save costs one record.
+    checkpoints: KafkaPublisher,
+    /// Whether the checkpoints' topic was created (or found): not asked again until a save fails.
+    checkpoints_created: Arc<AtomicBool>,
     config: KafkaConfig,
 }
 
 impl KafkaDeadLetterSink {
     /// A sink writing to `config`'s dead-letter topic.
     pub fn new(config: &KafkaConfig) -> Result<Self, TransportError> {
+        let publisher = KafkaPublisher::new(config, config.dlq_topic())?;
         Ok(KafkaDeadLetterSink {
-            publisher: KafkaPublisher::new(config, config.dlq_topic())?,
+            checkpoints: publisher.to_topic(checkpoint_topic(&config.dlq_topic())),
+            publisher,
+            checkpoints_created: Arc::default(),
             config: config.clone(),
         })
     }
@@ -195,39 +213,43 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         })
     }
 
-    /// The group's latest record in the compacted topic `<dead-letter topic>.parking`.
+    /// The group's latest record in the compacted topic `<dead-letter topic>.parking`, read
+    /// from its end: what it costs grows with the checkpoints saved since the group's last
+    /// one, not with every checkpoint ever saved (compaction leaves the active segment alone).
     async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
-        let records =
-            crate::admin::read_topic_to_end(&self.config, &self.checkpoint_topic(), READ_BACK_STALL).await?;
-        Ok(records
-            .into_iter()
-            .rev()
-            .find(|r| r.key.as_deref() == Some(group.as_bytes()))
-            .map(|r| r.payload))
+        let topic = self.checkpoints.topic();
+        let latest =
+            crate::admin::latest_of_key(&self.config, topic, group.as_bytes(), READ_BACK_STALL).await?;
+        Ok(latest.map(|r| r.payload))
     }
 
     /// A record keyed by the group in the compacted topic `<dead-letter topic>.parking`
     /// (created on first use; a checkpoint over the broker's `message.max.bytes` fails to save).
     async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
-        let topic = self.checkpoint_topic();
-        crate::admin::create_compacted_topic(&self.config, &topic).await?;
-        let publisher = KafkaPublisher::new(&self.config, topic)?;
-        publisher
+        if !self.checkpoints_created.load(Relaxed) {
+            crate::admin::create_compacted_topic(&self.config, self.checkpoints.topic()).await?;
+            self.checkpoints_created.store(true, Relaxed);
+        }
+        let saved = self
+            .checkpoints
             .send_one(&OutgoingMessage {
                 key: Some(Bytes::copy_from_slice(group.as_bytes())),
                 payload: checkpoint,
                 headers: Headers::new(),
             })
-            .await
-            .map(|_| ())
+            .await;
+        if saved.is_err() {
+            // The topic may have been deleted under us: the next save creates it again.
+            self.checkpoints_created.store(false, Relaxed);
+        }
+        saved.map(|_| ())
     }
 }
 
-impl KafkaDeadLetterSink {
-    /// The compacted topic of the parked keys' checkpoints, one record per group.
-    fn checkpoint_topic(&self) -> String {
-        format!("{}.parking", self.config.dlq_topic())
-    }
+/// The compacted topic beside `dead_letter_topic` holding its parked keys' checkpoints, one
+/// record per group.
+pub fn checkpoint_topic(dead_letter_topic: &str) -> String {
+    format!("{dead_letter_topic}.parking")
 }
 
 /// Reading the dead-letter topic back fails when no record arrived for this long before its end

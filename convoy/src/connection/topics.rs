@@ -181,7 +181,7 @@ impl Connection {
             Backend::Memory(_) => self.remove_topic(name, &[]).await,
             #[cfg(feature = "kafka")]
             Backend::Kafka(config) => {
-                let checkpoints = format!("{name}.parking");
+                let checkpoints = convoy_kafka::producer::checkpoint_topic(name);
                 let listed = convoy_kafka::admin::list_topics(config).await?;
                 let mut doomed = vec![name];
                 if listed.iter().any(|(t, _)| *t == checkpoints) {

@@ -1,25 +1,27 @@
-//! Broker administration the tools need: reachability, topic creation, reading a topic from
-//! its beginning (for dead-letter inspection) — without joining a consumer group.
+//! Broker administration the tools need: reachability, topic creation and deletion, and
+//! reading a topic (for dead-letter inspection and parked keys) without joining a group.
 
-use std::collections::BTreeMap;
+mod read;
+
+pub use read::{latest_of_key, read_topic, read_topic_after, read_topic_to_end, ReadAfter};
+
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use convoy_core::{Message, TransportError};
+use convoy_core::TransportError;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
+use rdkafka::ClientConfig;
 
 use crate::config::KafkaConfig;
-use crate::convert::{source_id, to_message};
 
 /// How long a metadata request may take before the broker counts as unreachable.
 pub const REACH_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn consumer(config: &KafkaConfig, group: &str) -> Result<BaseConsumer, TransportError> {
+pub(crate) fn consumer(config: &KafkaConfig, group: &str) -> Result<BaseConsumer, TransportError> {
     let mut c: ClientConfig = config.consumer_config();
     c.set("group.id", group);
     c.create()
@@ -152,7 +154,11 @@ pub async fn create_topics_replicated(
 /// record per key (a group's parked keys' checkpoint).
 pub async fn create_compacted_topic(config: &KafkaConfig, name: &str) -> Result<(), TransportError> {
     let admin = admin_client(config)?;
-    let topic = NewTopic::new(name, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    // Segments roll hourly, so that compaction (which leaves the active segment alone) keeps the
+    // topic near one record per group even when checkpoints are small and frequent.
+    let topic = NewTopic::new(name, 1, TopicReplication::Fixed(-1))
+        .set("cleanup.policy", "compact")
+        .set("segment.ms", "3600000");
     create(&admin, &[topic]).await
 }
 
@@ -231,145 +237,4 @@ fn admin_client(config: &KafkaConfig) -> Result<AdminClient<DefaultClientContext
 
 fn admin_options() -> AdminOptions {
     AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))
-}
-
-/// Every message of `topic` from the beginning of each partition to its end at the time of
-/// the call, without joining a group or committing: until every partition is read to the end
-/// its high watermark gave, or nothing arrived for `idle`.
-pub async fn read_topic(
-    config: &KafkaConfig,
-    topic: &str,
-    idle: Duration,
-) -> Result<Vec<Message>, TransportError> {
-    read(config, topic, idle, false).await
-}
-
-/// The same, but reading must reach every partition's end: a stall of `stall` before it is an
-/// error (what parked keys are read back with: a partial read would miss a parked key).
-pub async fn read_topic_to_end(
-    config: &KafkaConfig,
-    topic: &str,
-    stall: Duration,
-) -> Result<Vec<Message>, TransportError> {
-    read(config, topic, stall, true).await
-}
-
-/// Records read, and the next offset of each partition (where the next read starts).
-pub type ReadAfter = (Vec<Message>, BTreeMap<u32, u64>);
-
-/// The records of `topic` from the offsets of `from` on (a partition not named: from its
-/// beginning) to the end each partition had when reading began, and that end per partition:
-/// where the next read starts. A stall of `stall` before the end is an error. `None` when an
-/// offset of `from` is past its partition's end: the topic was deleted and created again
-/// since `from` was taken.
-pub async fn read_topic_after(
-    config: &KafkaConfig,
-    topic: &str,
-    from: BTreeMap<u32, u64>,
-    stall: Duration,
-) -> Result<Option<ReadAfter>, TransportError> {
-    let reader = consumer(config, "convoy-reader")?;
-    let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || read_blocking(&reader, &topic, &from, stall, true))
-        .await
-        .map_err(|_| TransportError::Closed)?
-}
-
-async fn read(
-    config: &KafkaConfig,
-    topic: &str,
-    idle: Duration,
-    to_end: bool,
-) -> Result<Vec<Message>, TransportError> {
-    let reader = consumer(config, "convoy-reader")?;
-    let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || {
-        // From the beginning: never past an end.
-        read_blocking(&reader, &topic, &BTreeMap::new(), idle, to_end).map(|read| read.unwrap_or_default().0)
-    })
-    .await
-    .map_err(|_| TransportError::Closed)?
-}
-
-fn read_blocking(
-    reader: &BaseConsumer,
-    topic: &str,
-    from: &BTreeMap<u32, u64>,
-    idle: Duration,
-    to_end: bool,
-) -> Result<Option<ReadAfter>, TransportError> {
-    let metadata = reader
-        .fetch_metadata(Some(topic), REACH_TIMEOUT)
-        .map_err(|e| TransportError::broker(format!("reading the metadata of {topic}"), e))?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic && t.error().is_none())
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    // The end of each partition now: reading stops once every partition is read up to it (its
-    // position, which also moves past transaction markers, reached it), or when nothing arrived
-    // for `idle` before then.
-    let mut remaining = BTreeMap::new();
-    let mut next = BTreeMap::new();
-    let mut assignment = TopicPartitionList::new();
-    for p in partitions {
-        let (low, high) = reader
-            .fetch_watermarks(topic, p, REACH_TIMEOUT)
-            .map_err(|e| TransportError::broker(format!("reading the end offsets of {topic}"), e))?;
-        let part = u32::try_from(p).unwrap_or(0);
-        let given = from.get(&part).map(|&o| i64::try_from(o).unwrap_or(i64::MAX));
-        if given.is_some_and(|o| o > high) {
-            return Ok(None);
-        }
-        let start = given.map_or(low, |o| o.max(low));
-        next.insert(part, u64::try_from(high.max(start)).unwrap_or(0));
-        if high > start {
-            remaining.insert(p, high);
-            let offset = match given {
-                Some(_) => KafkaOffset::Offset(start),
-                None => KafkaOffset::Beginning,
-            };
-            assignment
-                .add_partition_offset(topic, p, offset)
-                .map_err(|e| TransportError::broker("assigning partitions", e))?;
-        }
-    }
-    if remaining.is_empty() {
-        return Ok(Some((Vec::new(), next)));
-    }
-    reader
-        .assign(&assignment)
-        .map_err(|e| TransportError::broker(format!("assigning the partitions of {topic}"), e))?;
-    let mut messages = Vec::new();
-    let mut last_progress = Instant::now();
-    while !remaining.is_empty() && last_progress.elapsed() < idle {
-        match reader.poll(Duration::from_millis(100)) {
-            Some(Ok(record)) => {
-                use rdkafka::Message as _;
-                messages.push(to_message(&record, &source_id(topic, record.partition())));
-                last_progress = Instant::now();
-            }
-            Some(Err(e)) => return Err(TransportError::broker(format!("reading {topic}"), e)),
-            None => {}
-        }
-        let positions = reader
-            .position()
-            .map_err(|e| TransportError::broker(format!("reading the positions in {topic}"), e))?;
-        for e in positions.elements() {
-            if let KafkaOffset::Offset(at) = e.offset() {
-                if remaining.get(&e.partition()).is_some_and(|end| at >= *end) {
-                    remaining.remove(&e.partition());
-                }
-            }
-        }
-    }
-    if to_end && !remaining.is_empty() {
-        return Err(TransportError::Unavailable(format!(
-            "reading {topic}: nothing arrived for {idle:?} before the end of partitions {:?}",
-            remaining.keys().collect::<Vec<_>>()
-        )));
-    }
-    messages.sort_by(|a, b| (a.source.as_str(), a.offset).cmp(&(b.source.as_str(), b.offset)));
-    Ok(Some((messages, next)))
 }
