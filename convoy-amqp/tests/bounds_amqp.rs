@@ -57,7 +57,6 @@ async fn until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_answers_are_lost_reports_its_partitions_lost_and_rejoins() {
     let Some(uri) = common::uri() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
         return;
     };
     let mut bed = common::AmqpBed::new(&uri, 2).await;

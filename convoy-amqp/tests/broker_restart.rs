@@ -89,14 +89,11 @@ impl Publisher for ForeignPublisher {
 /// A private node, booted (or why the test is skipped).
 async fn node() -> Option<RabbitNode> {
     common::init_tracing();
-    if common::uri().is_none() {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
-        return None;
-    }
+    common::uri()?;
     match tokio::task::spawn_blocking(RabbitNode::start).await.unwrap() {
         Ok(node) => Some(node),
-        Err(convoy_testkit::nodes::NodeError::Missing(what)) => {
-            eprintln!("skipped: {what} is not installed here");
+        Err(missing @ convoy_testkit::nodes::NodeError::Missing(_)) => {
+            convoy_testkit::support::skip(missing);
             None
         }
         Err(e) => panic!("{e}"),
@@ -130,7 +127,7 @@ async fn two_crashes(node: RabbitNode, ids: restarts::Ids, foreign: bool) {
         Box::new(AmqpPublisher::new(&config, &topic))
     };
     restarts::publish_through_two_crashes(engine, publisher.as_ref(), ids, &checker, |_| {
-        node.kill();
+        node.kill().expect("the node was killed");
         node.boot().unwrap();
     })
     .await;

@@ -15,7 +15,6 @@ use lapin::options::QueueDeleteOptions;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_dead_letter_stream_is_declared_again() {
     let Some(uri) = common::uri() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
         return;
     };
     let bed = common::AmqpBed::new(&uri, 1).await;
@@ -35,7 +34,6 @@ async fn a_deleted_dead_letter_stream_is_declared_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_of_a_deleted_dead_letter_stream_is_void() {
     let Some(uri) = common::uri() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
         return;
     };
     let bed = common::AmqpBed::new(&uri, 1).await;

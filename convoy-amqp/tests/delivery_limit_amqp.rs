@@ -23,7 +23,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_past_the_delivery_limit_is_dead_lettered_with_the_reason() {
     let Some(uri) = common::uri() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
         return;
     };
     let topic = common::unique("convoy-test-limit");

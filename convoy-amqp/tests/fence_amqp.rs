@@ -162,7 +162,6 @@ impl Fence {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_cut_off_silently_starts_nothing_after_its_partitions_moved() {
     let Some(uri) = common::uri() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
         return;
     };
     let fence = Fence::new(&uri).await;

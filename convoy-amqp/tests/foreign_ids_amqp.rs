@@ -63,7 +63,6 @@ async fn publish_foreign(uri: &str, topic: &str, key: &str, seq: u64, message_id
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_messages_after_a_reconnect_are_handled_and_message_ids_deduplicate() {
     let Some(uri) = common::uri() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
         return;
     };
     let bed = common::AmqpBed::new(&uri, 1).await;

@@ -15,10 +15,6 @@ const PARTITIONS: u32 = 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pika_messages_are_consumed_in_per_key_order() {
     let (Some(uri), Some(python)) = (common::uri(), common::python()) else {
-        eprintln!(
-            "skipped: needs {} and CONVOY_PYTHON (scripts/test sets both)",
-            common::URI_VAR
-        );
         return;
     };
     let bed = common::AmqpBed::new(&uri, PARTITIONS).await;

@@ -19,7 +19,6 @@ use convoy_testkit::OrderChecker;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_spread_over_the_members_within_one_of_their_share() {
     let Some(uri) = common::uri() else {
-        eprintln!("skipped: {} is not set", common::URI_VAR);
         return;
     };
     common::init_tracing();

@@ -22,7 +22,6 @@ use convoy_testkit::OrderChecker;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqps_with_a_private_ca_consumes_in_order_and_an_untrusted_broker_is_refused() {
     if common::uri().is_none() {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URI_VAR);
         return;
     }
     let started = tokio::task::spawn_blocking(|| {
@@ -34,7 +33,7 @@ async fn amqps_with_a_private_ca_consumes_in_order_and_an_untrusted_broker_is_re
     .unwrap();
     let (ca, node) = match started {
         Ok(started) => started,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let topic = common::unique("convoy-tls");

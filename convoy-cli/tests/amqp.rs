@@ -13,11 +13,7 @@ use scenarios::failover::{failover, Producer};
 use scenarios::{unique, CleanUp};
 
 fn uri() -> Option<String> {
-    let u = std::env::var("CONVOY_AMQP_URI").ok().filter(|u| !u.is_empty());
-    if u.is_none() {
-        eprintln!("CONVOY_AMQP_URI is not set: skipping (scripts/test sets it)");
-    }
-    u
+    convoy_testkit::support::required("CONVOY_AMQP_URI")
 }
 
 fn url(uri: &str, group: &str, topic: &str) -> String {
@@ -83,7 +79,7 @@ async fn a_crash_loop_under_a_foreign_producer_loses_nothing() {
     };
     let node = match tokio::task::spawn_blocking(RabbitNode::start).await.unwrap() {
         Ok(node) => Arc::new(node),
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let topic = unique("crashloop");
@@ -105,7 +101,7 @@ async fn a_crash_loop_under_a_foreign_producer_loses_nothing() {
         for fault in 0..12 {
             if fault == 3 || fault == 8 {
                 progress.fault("the RabbitMQ node killed (SIGKILL) and restarted", || {
-                    broker.kill();
+                    broker.kill().expect("the node was killed");
                     broker.boot().unwrap();
                 });
             } else {
@@ -130,12 +126,12 @@ fn produce_and_consume_over_amqps() {
     }
     let ca = match TestCa::new() {
         Ok(ca) => ca,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let node = match RabbitNode::start_tls(&ca) {
         Ok(node) => node,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let topic = unique("tls");
@@ -288,7 +284,7 @@ fn a_broker_outage_is_logged_and_its_end_too() {
     }
     let node = match RabbitNode::start() {
         Ok(node) => node,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let topic = unique("outage");
@@ -300,7 +296,7 @@ fn a_broker_outage_is_logged_and_its_end_too() {
         &url,
         "RabbitMQ connection lost",
         "reconnected to RabbitMQ",
-        || node.kill(),
+        || node.kill().expect("the node was killed"),
         || node.boot().unwrap(),
     );
 }

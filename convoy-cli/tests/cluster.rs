@@ -39,8 +39,8 @@ async fn cluster<T: Send + 'static>(start: fn(usize) -> Result<T, NodeError>) ->
     convoy_testkit::support::init_tracing();
     match tokio::task::spawn_blocking(move || start(3)).await.unwrap() {
         Ok(cluster) => Some(Arc::new(Mutex::new(cluster))),
-        Err(NodeError::Missing(what)) => {
-            eprintln!("skipped: {what} is not installed here");
+        Err(missing @ NodeError::Missing(_)) => {
+            convoy_testkit::support::skip(missing);
             None
         }
         Err(e) => panic!("{e}"),
@@ -107,7 +107,7 @@ async fn kafka_loses_its_busiest_leader_then_rolls_all_three_nodes() {
         let busiest = busiest as u32;
         progress.fault(
             &format!("kill -9 of Kafka node {busiest}, leader of {count} of {PARTITIONS} partitions"),
-            || with_node(busiest, &mut |n| n.kill()),
+            || with_node(busiest, &mut |n| n.kill().expect("the node was killed")),
         );
         progress.fault(&format!("restart of Kafka node {busiest}"), || {
             with_node(busiest, &mut |n| n.restart().unwrap())
@@ -180,7 +180,7 @@ async fn rabbitmq_loses_the_node_leading_the_partition_queues() {
         let node = cluster.nodes.iter().find(|n| n.name() == busiest).unwrap();
         progress.fault(
             &format!("kill -9 of RabbitMQ node {busiest}, leader of {count} partition queues"),
-            || node.kill(),
+            || node.kill().expect("the node was killed"),
         );
         progress.fault(&format!("restart of RabbitMQ node {busiest}"), || {
             node.boot().unwrap()
@@ -211,7 +211,13 @@ async fn nats_loses_the_stream_leader() {
         let leader = cluster.stream_leader(&stream).expect("the stream has a leader");
         progress.fault(
             &format!("kill -9 of NATS server {leader}, the stream's leader"),
-            || cluster.by_name(&leader).unwrap().kill(),
+            || {
+                cluster
+                    .by_name(&leader)
+                    .unwrap()
+                    .kill()
+                    .expect("the server was killed")
+            },
         );
         progress.fault(&format!("restart of NATS server {leader}"), || {
             cluster.by_name(&leader).unwrap().restart().unwrap()

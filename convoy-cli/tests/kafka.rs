@@ -11,13 +11,7 @@ use convoy_testkit::nodes::NodeError;
 use scenarios::unique;
 
 fn bootstrap() -> Option<String> {
-    let b = std::env::var("CONVOY_KAFKA_BOOTSTRAP")
-        .ok()
-        .filter(|b| !b.is_empty());
-    if b.is_none() {
-        eprintln!("CONVOY_KAFKA_BOOTSTRAP is not set: skipping (scripts/test sets it)");
-    }
-    b
+    convoy_testkit::support::required("CONVOY_KAFKA_BOOTSTRAP")
 }
 
 /// A URL naming the group and the topic.
@@ -121,7 +115,7 @@ fn produce_and_consume_over_sasl_ssl() {
     }
     let ca = match TestCa::new() {
         Ok(ca) => ca,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let node = SecuredKafka::start(&ca, &[("alice", "alice-secret")]).unwrap();
@@ -185,7 +179,7 @@ fn a_broker_outage_is_logged_and_its_end_too() {
     }
     let cluster = match convoy_testkit::nodes::kafka::KafkaCluster::start(1) {
         Ok(cluster) => std::sync::Mutex::new(cluster),
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let bootstrap = cluster.lock().unwrap().bootstrap();
@@ -202,7 +196,7 @@ fn a_broker_outage_is_logged_and_its_end_too() {
         &url,
         "Kafka brokers unreachable",
         "Kafka brokers answer again",
-        || cluster.lock().unwrap().node(1).unwrap().kill(),
+        || cluster.lock().unwrap().node(1).unwrap().kill().expect("the node was killed"),
         || cluster.lock().unwrap().node(1).unwrap().restart().unwrap(),
     );
 }

@@ -19,11 +19,7 @@ use scenarios::{unique, CleanUp};
 const LEASE: Duration = Duration::from_secs(3);
 
 fn server() -> Option<String> {
-    let u = std::env::var("CONVOY_NATS_URL").ok().filter(|u| !u.is_empty());
-    if u.is_none() {
-        eprintln!("CONVOY_NATS_URL is not set: skipping (scripts/test sets it)");
-    }
-    u
+    convoy_testkit::support::required("CONVOY_NATS_URL")
 }
 
 fn url(server: &str, group: &str, topic: &str) -> String {
@@ -105,7 +101,7 @@ async fn a_crash_loop_under_a_foreign_producer_loses_nothing() {
     };
     let server = match tokio::task::spawn_blocking(NatsServer::start).await.unwrap() {
         Ok(server) => server,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let address = server.address();
@@ -126,7 +122,7 @@ async fn a_crash_loop_under_a_foreign_producer_loses_nothing() {
             if fault == 3 || fault == 8 {
                 progress.fault("the NATS server killed (SIGKILL) and restarted", || {
                     let mut server = broker.lock().unwrap();
-                    server.kill();
+                    server.kill().expect("the server was killed");
                     server.restart().unwrap();
                 });
             } else {
@@ -151,7 +147,7 @@ fn produce_and_consume_over_tls() {
     }
     let ca = match TestCa::new() {
         Ok(ca) => ca,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let server = NatsServer::start_tls(&ca, "alice", "alice-secret").unwrap();
@@ -195,7 +191,7 @@ fn a_broker_outage_is_logged_and_its_end_too() {
     }
     let server = match NatsServer::start() {
         Ok(server) => Mutex::new(server),
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let address = server.lock().unwrap().address();
@@ -205,7 +201,7 @@ fn a_broker_outage_is_logged_and_its_end_too() {
         &url,
         "NATS connection lost",
         "NATS connection back",
-        || server.lock().unwrap().kill(),
+        || server.lock().unwrap().kill().expect("the server was killed"),
         || server.lock().unwrap().restart().unwrap(),
     );
 }

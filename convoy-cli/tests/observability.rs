@@ -35,11 +35,7 @@ fn deploy(path: &str) -> String {
 
 #[test]
 fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
-    let Some(bootstrap) = std::env::var("CONVOY_KAFKA_BOOTSTRAP")
-        .ok()
-        .filter(|b| !b.is_empty())
-    else {
-        eprintln!("CONVOY_KAFKA_BOOTSTRAP is not set: skipping (scripts/test sets it)");
+    let Some(bootstrap) = convoy_testkit::support::required("CONVOY_KAFKA_BOOTSTRAP") else {
         return;
     };
     let dashboard = deploy("grafana/convoy.json");

@@ -16,10 +16,6 @@ const PARTITIONS: u32 = 4;
 async fn kafka_python_messages_are_consumed_in_per_key_order() {
     common::init_tracing();
     let (Some(bootstrap), Some(python)) = (common::bootstrap(), common::python()) else {
-        eprintln!(
-            "skipped: needs {} and CONVOY_PYTHON (scripts/test sets both)",
-            common::BOOTSTRAP_VAR
-        );
         return;
     };
     let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, common::Protocol::Cooperative).await;

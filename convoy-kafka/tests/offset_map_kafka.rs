@@ -16,7 +16,7 @@ use convoy_kafka::KafkaTransport;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_offsets_above_the_watermark_reach_the_next_owner() {
     common::init_tracing();
-    let Some(bootstrap) = common::bootstrap_or_skip() else {
+    let Some(bootstrap) = common::bootstrap() else {
         return;
     };
     let topic = common::unique("convoy-map");

@@ -77,7 +77,7 @@ async fn member(bed: &common::KafkaBed, checker: &Arc<OrderChecker>, hung: HashS
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_slower_than_the_revoke_deadline_never_overlaps_the_next_owner() {
     common::init_tracing();
-    let Some(bootstrap) = common::bootstrap_or_skip() else {
+    let Some(bootstrap) = common::bootstrap() else {
         return;
     };
     let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, common::Protocol::Cooperative).await;
@@ -129,7 +129,7 @@ async fn a_handler_slower_than_the_revoke_deadline_never_overlaps_the_next_owner
 /// The engine refuses a drain timeout that is not below the transport's revoke timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_timeout_above_the_revoke_timeout_is_refused_at_start() {
-    let Some(bootstrap) = common::bootstrap_or_skip() else {
+    let Some(bootstrap) = common::bootstrap() else {
         return;
     };
     let bed = common::KafkaBed::new(&bootstrap, 1, common::Protocol::Cooperative).await;

@@ -29,7 +29,7 @@ fn threads_named(prefix: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_partitions_are_polled_by_a_bounded_pool_in_per_key_order() {
     common::init_tracing();
-    let Some(bootstrap) = common::bootstrap_or_skip() else {
+    let Some(bootstrap) = common::bootstrap() else {
         return;
     };
     let bed = common::KafkaBed::new(&bootstrap, PARTITIONS, common::Protocol::Cooperative).await;

@@ -135,7 +135,7 @@ impl Setup {
     /// A fresh topic, group and log on the broker named by `CONVOY_KAFKA_BOOTSTRAP`.
     async fn new(partitions: i32, protocol: Protocol) -> Option<Setup> {
         common::init_tracing();
-        let bootstrap = common::bootstrap_or_skip()?;
+        let bootstrap = common::bootstrap()?;
         let topic = common::unique("convoy-proc");
         common::create_topic(&bootstrap, &topic, partitions).await;
         common::create_topic(&bootstrap, &format!("{topic}.dlq"), 1).await;

@@ -41,7 +41,7 @@ fn secured_config(node: &SecuredKafka, ca: &TestCa, password: &str) -> KafkaConf
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_ssl_with_scram_and_zstd_consumes_in_order_and_bad_credentials_are_refused_at_once() {
-    if common::bootstrap_or_skip().is_none() {
+    if common::bootstrap().is_none() {
         return;
     }
     let started = tokio::task::spawn_blocking(|| {
@@ -53,7 +53,7 @@ async fn sasl_ssl_with_scram_and_zstd_consumes_in_order_and_bad_credentials_are_
     .unwrap();
     let (ca, node) = match started {
         Ok(started) => started,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
 

@@ -63,7 +63,7 @@ fn read_all(bootstrap: &str, topic: &str, isolation: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_commit_outputs_with_offsets_abort_and_fence() {
     common::init_tracing();
-    let Some(bootstrap) = common::bootstrap_or_skip() else {
+    let Some(bootstrap) = common::bootstrap() else {
         return;
     };
     let input = common::unique("convoy-txn-in");

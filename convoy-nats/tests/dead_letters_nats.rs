@@ -15,7 +15,6 @@ use convoy_testkit::dead_letters::{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_dead_letter_stream_is_declared_again() {
     let Some(server) = common::server() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
         return;
     };
     let bed = common::NatsBed::new(&server, 1).await;
@@ -31,7 +30,6 @@ async fn a_deleted_dead_letter_stream_is_declared_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_of_a_deleted_dead_letter_stream_is_void() {
     let Some(server) = common::server() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
         return;
     };
     let bed = common::NatsBed::new(&server, 1).await;

@@ -16,10 +16,6 @@ const PARTITIONS: u32 = 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_py_messages_are_consumed_in_per_key_order() {
     let (Some(server), Some(python)) = (common::server(), common::python()) else {
-        eprintln!(
-            "skipped: needs {} and CONVOY_PYTHON (scripts/test sets both)",
-            common::URL_VAR
-        );
         return;
     };
     let bed = common::NatsBed::new(&server, PARTITIONS).await;

@@ -56,7 +56,6 @@ async fn read(subscription: &mut Subscription, partitions: usize, n: usize) -> B
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitions_backlog_counts_its_own_messages_above_the_committed_one() {
     let Some(server) = common::server() else {
-        eprintln!("skipped: {} is not set", common::URL_VAR);
         return;
     };
     let bed = common::NatsBed::new(&server, PARTITIONS).await;

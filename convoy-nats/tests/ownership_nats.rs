@@ -20,7 +20,6 @@ use convoy_testkit::OrderChecker;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_spread_over_the_members_within_one_of_their_share() {
     let Some(server) = common::server() else {
-        eprintln!("skipped: {} is not set", common::URL_VAR);
         return;
     };
     let bed = common::NatsBed::new(&server, 8).await;

@@ -51,7 +51,6 @@ async fn delivered(js: &async_nats::jetstream::Context, topic: &str) -> u64 {
 async fn a_paused_partition_receives_no_more_than_one_pull() {
     common::init_tracing();
     let Some(server) = common::server() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
         return;
     };
     let topic = common::unique("convoy-paused");

@@ -15,7 +15,6 @@ use convoy_nats::{admin, topology, NatsPublisher};
 #[tokio::test]
 async fn after_a_refused_message_nothing_later_of_its_key_is_stored() {
     let Some(server) = common::server() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
         return;
     };
     let bed = common::NatsBed::new(&server, 1).await;

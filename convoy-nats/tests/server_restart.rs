@@ -21,13 +21,12 @@ use convoy_testkit::{restarts, OrderChecker};
 async fn a_server_killed_and_restarted_twice_loses_nothing() {
     common::init_tracing();
     if common::server().is_none() {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
         return;
     }
     let mut server = match tokio::task::spawn_blocking(NatsServer::start).await.unwrap() {
         Ok(server) => server,
-        Err(convoy_testkit::nodes::NodeError::Missing(what)) => {
-            eprintln!("skipped: {what} is not installed here");
+        Err(missing @ convoy_testkit::nodes::NodeError::Missing(_)) => {
+            convoy_testkit::support::skip(missing);
             return;
         }
         Err(e) => panic!("{e}"),
@@ -54,7 +53,7 @@ async fn a_server_killed_and_restarted_twice_loses_nothing() {
         config.lease_ttl() + Duration::from_secs(1),
     ];
     restarts::publish_through_two_crashes(engine, &publisher, restarts::Ids::Stable, &checker, |crash| {
-        server.kill();
+        server.kill().expect("the server was killed");
         std::thread::sleep(outages[crash]);
         server.restart().unwrap();
     })

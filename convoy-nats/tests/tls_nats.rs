@@ -23,7 +23,6 @@ use convoy_testkit::OrderChecker;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_private_ca_and_a_login_consumes_in_order_and_refusals_are_fatal() {
     if common::server().is_none() {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
         return;
     }
     let started = tokio::task::spawn_blocking(|| {
@@ -35,7 +34,7 @@ async fn tls_with_a_private_ca_and_a_login_consumes_in_order_and_refusals_are_fa
     .unwrap();
     let (ca, server) = match started {
         Ok(started) => started,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let topic = common::unique("convoy-tls");

@@ -24,7 +24,6 @@ const ROUNDS: usize = 5;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_starting_at_the_same_moment_all_join() {
     let Some(server) = common::server() else {
-        eprintln!("skipped: {} is not set (scripts/test sets it)", common::URL_VAR);
         return;
     };
     race(&[server], 1, ROUNDS).await;
@@ -42,7 +41,7 @@ async fn members_starting_at_the_same_moment_on_a_cluster_all_join() {
         .unwrap()
     {
         Ok(cluster) => cluster,
-        Err(NodeError::Missing(what)) => return eprintln!("skipped: {what} is not installed here"),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
         Err(e) => panic!("{e}"),
     };
     let servers: Vec<String> = cluster

@@ -109,8 +109,9 @@ pub trait TestBed: Send + Sync {
 pub trait ConformanceTarget: Send + Sync {
     /// What the transport supports.
     fn capabilities(&self) -> Capabilities;
-    /// Why the suite cannot run here (e.g. a broker address variable is unset), if so. The
-    /// project's test script always provides the brokers, so CI never skips.
+    /// Why the suite cannot run here (e.g. a broker address variable is unset), if so: the case
+    /// is skipped, or fails under [`crate::support::REQUIRE_ALL`], which the project's test
+    /// script sets (so CI never skips).
     fn skip_reason(&self) -> Option<String> {
         None
     }
@@ -151,8 +152,7 @@ macro_rules! conformance_tests {
             async fn $case() {
                 let target = $target;
                 if let Some(reason) = $crate::conformance::ConformanceTarget::skip_reason(&target) {
-                    eprintln!("skipped: {reason}");
-                    return;
+                    return $crate::support::skip(reason);
                 }
                 $crate::conformance::$case(&target).await;
             }

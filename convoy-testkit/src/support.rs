@@ -4,6 +4,7 @@
 //! sleep.
 
 use std::future::Future;
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -45,6 +46,41 @@ pub fn unique(prefix: &str) -> String {
 /// An environment variable's value, with an empty one counted as unset.
 pub fn setting(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|s| !s.is_empty())
+}
+
+/// The variable `scripts/test` (the README's test command) sets: with it, a test whose broker,
+/// tool or variable is missing fails naming it instead of skipping.
+pub const REQUIRE_ALL: &str = "CONVOY_REQUIRE_ALL";
+
+/// What a skipped test writes to stderr, first on its line: `scripts/test` counts these lines.
+pub const SKIPPED: &str = "convoy-test-skipped:";
+
+/// A test cannot run here because `missing` (a variable, a program) is not: under
+/// [`REQUIRE_ALL`] the test fails naming it; otherwise it is skipped, which is said on stderr
+/// past the test harness's capture (a passing test's `eprintln!` is never shown), in a line
+/// `scripts/test` counts. The caller returns after it.
+#[track_caller]
+pub fn skip(missing: impl std::fmt::Display) {
+    if setting(REQUIRE_ALL).is_some() {
+        panic!("missing prerequisite: {missing} ({REQUIRE_ALL} is set: scripts/test installs, starts and exports every prerequisite, so look at its output above)");
+    }
+    let caller = std::panic::Location::caller();
+    let _ = writeln!(
+        std::io::stderr(),
+        "{SKIPPED} {missing} (at {}:{})",
+        caller.file(),
+        caller.line()
+    );
+}
+
+/// The value of the prerequisite variable `var`, or `None` after [`skip`]ping the test.
+#[track_caller]
+pub fn required(var: &str) -> Option<String> {
+    let value = setting(var);
+    if value.is_none() {
+        skip(format!("{var} is not set"));
+    }
+    value
 }
 
 /// Runs `f` to completion on a runtime of its own on another thread, and waits for it: clean-up

@@ -81,8 +81,7 @@ async fn the_readme_transform_on_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_transform_exactly_once_on_kafka() {
-    let Some(bootstrap) = std::env::var("CONVOY_KAFKA_BOOTSTRAP").ok() else {
-        eprintln!("CONVOY_KAFKA_BOOTSTRAP is not set: skipping (scripts/test sets it)");
+    let Some(bootstrap) = convoy_testkit::support::required("CONVOY_KAFKA_BOOTSTRAP") else {
         return;
     };
     let u = unique();
@@ -96,8 +95,7 @@ async fn the_readme_transform_exactly_once_on_kafka() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_transform_on_nats() {
-    let Some(server) = std::env::var("CONVOY_NATS_URL").ok().filter(|u| !u.is_empty()) else {
-        eprintln!("CONVOY_NATS_URL is not set: skipping (scripts/test sets it)");
+    let Some(server) = convoy_testkit::support::required("CONVOY_NATS_URL") else {
         return;
     };
     let u = unique();

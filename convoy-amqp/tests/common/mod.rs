@@ -14,12 +14,13 @@ use convoy_amqp::{admin, topology, AmqpConfig, AmqpDeadLetterSink, AmqpPublisher
 use convoy_core::{Message, Offset, SourceId, TransportError};
 use convoy_testkit::conformance::{BedParts, Capabilities, ConformanceTarget, Positions, TestBed};
 pub use convoy_testkit::support::{block_on_side, init_tracing, unique};
-use convoy_testkit::support::{read_until, setting};
+use convoy_testkit::support::{read_until, required, setting};
 
 pub const URI_VAR: &str = "CONVOY_AMQP_URI";
 
+/// The broker's URI, or `None` after skipping the test ([`required`]; scripts/test sets it).
 pub fn uri() -> Option<String> {
-    setting(URI_VAR)
+    required(URI_VAR)
 }
 
 /// Test settings: fast rebalancing, a revoke timeout above the conformance drain timeout (8 s).
@@ -39,7 +40,9 @@ pub struct AmqpTarget {
 impl AmqpTarget {
     pub fn from_env() -> Self {
         init_tracing();
-        AmqpTarget { uri: uri() }
+        AmqpTarget {
+            uri: setting(URI_VAR),
+        }
     }
 }
 
@@ -153,7 +156,7 @@ impl ConformanceTarget for AmqpTarget {
 
 /// The Python with the interop producers' packages (`CONVOY_PYTHON`; scripts/test sets it).
 pub fn python() -> Option<String> {
-    setting("CONVOY_PYTHON")
+    required("CONVOY_PYTHON")
 }
 
 /// A proxy to the broker `uri` names, and `config` connecting through it.

@@ -4,10 +4,11 @@
 //! group appending to one log, and the faults run mid-stream by the caller. The producer is
 //! convoy's (a round stamped once, so a re-sent round is recognised as duplicates) or a
 //! foreign one (a Python client sending no stamps: a re-sent round is handled again). Every confirmed message must be handled, in
-//! per-key order; what each fault cost is reported as its time to recover (from the end of the
-//! fault's action — a kill is instant, a controlled shutdown or a restart takes seconds — until
-//! everything confirmed before the fault, and a round more, was handled) and the longest pauses
-//! in handling and in the producer's confirmations.
+//! per-key order; what each fault cost is reported as its time to recover: from the fault's
+//! start until each message confirmed before it, and each of the round after, was handled (the
+//! very messages, not a count that later ones could fill), beside how long the fault's action
+//! took (a kill is instant, a controlled shutdown or a restart takes seconds), and the longest
+//! pauses in handling and in the producer's confirmations.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
@@ -67,16 +68,18 @@ impl Handled {
     }
 }
 
-/// One fault: what it was, how long its action took, and how long recovering took after it.
+/// One fault: what it was, how long its action took, and how long recovering from it took.
 #[derive(Debug, Clone)]
 pub struct Fault {
     /// What was done.
     pub what: String,
     /// How long the action itself took (a restart waits for the node to run again).
     pub action: Duration,
-    /// From the action's end until everything confirmed before it, and a round more, was
-    /// handled.
+    /// From the fault's start until the last of the messages it waited for was handled: each
+    /// message confirmed before the fault and not yet handled then, and each of the next round.
     pub recovered_after: Duration,
+    /// How many messages that was.
+    pub waited_for: usize,
 }
 
 /// Who publishes the load.
@@ -96,6 +99,8 @@ pub struct Progress {
     faults: Mutex<Vec<Fault>>,
     url: String,
     members: Mutex<Vec<Member>>,
+    /// When each round of the producer was confirmed.
+    confirms: Arc<Mutex<Vec<Instant>>>,
 }
 
 impl Progress {
@@ -124,31 +129,51 @@ impl Progress {
         members.push(Member::start(&self.url, &log));
     }
 
-    /// Runs `fault` (named `what`), then blocks until the cluster recovered from it: everything
-    /// confirmed before the fault, and a round more, was handled. Records the times it took.
+    /// The messages of the rounds before `rounds`, and of that round, not handled yet.
+    fn unhandled_up_to(&self, rounds: u64) -> HashSet<(String, u64)> {
+        let mut handled = self.handled.lock().unwrap();
+        handled.read();
+        (0..KEYS)
+            .flat_map(|k| (0..=rounds).map(move |seq| (format!("key-{k}"), seq)))
+            .filter(|m| !handled.distinct.contains(m))
+            .collect()
+    }
+
+    /// Runs `fault` (named `what`), then blocks until the cluster recovered from it: each
+    /// message confirmed before the fault, and each of the next round, was handled. Records
+    /// how long the action took and the time to recover, both from the fault's start.
     pub fn fault(&self, what: &str, fault: impl FnOnce()) {
         let began = Instant::now();
-        let confirmed = self.checker.published() as usize;
+        // Rounds confirmed: each key's messages 0..rounds (its sequence is its round).
+        let rounds = self.confirms.lock().unwrap().len() as u64;
+        let mut waiting = self.unhandled_up_to(rounds);
+        let waited_for = waiting.len();
         eprintln!("failover: {what}");
         fault();
-        let at = Instant::now();
-        let deadline = at + RECOVER_WITHIN;
-        while self.handled_count() < confirmed + KEYS {
+        let action = began.elapsed();
+        let deadline = began + RECOVER_WITHIN;
+        loop {
+            let unhandled = self.unhandled_up_to(rounds);
+            waiting.retain(|m| unhandled.contains(m));
+            if waiting.is_empty() {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
-                "not recovered from `{what}` within {RECOVER_WITHIN:?}: {} of {} handled",
-                self.handled_count(),
-                confirmed + KEYS
+                "not recovered from `{what}` within {RECOVER_WITHIN:?}: {} of the {waited_for} messages it waited for are not handled, e.g. {:?}",
+                waiting.len(),
+                waiting.iter().next()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
         let fault = Fault {
             what: what.to_owned(),
-            action: at - began,
-            recovered_after: at.elapsed(),
+            action,
+            recovered_after: began.elapsed(),
+            waited_for,
         };
         eprintln!(
-            "failover: {what}: took {:.1?}, recovered {:.1?} after",
+            "failover: {what}: took {:.1?}; the {waited_for} messages it waited for were handled {:.1?} after it began",
             fault.action, fault.recovered_after
         );
         self.faults.lock().unwrap().push(fault);
@@ -185,6 +210,7 @@ pub async fn failover(
     connection.create_topics().await.unwrap();
     let log = Log::new(topic);
     let checker = Arc::new(OrderChecker::new());
+    let confirms = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let progress = Arc::new(Progress {
         checker: checker.clone(),
         handled: Mutex::new(Handled {
@@ -197,10 +223,10 @@ pub async fn failover(
         faults: Mutex::default(),
         url: url.to_owned(),
         members: Mutex::new(vec![Member::start(url, &log.0), Member::start(url, &log.0)]),
+        confirms: confirms.clone(),
     });
 
     let stop = Arc::new(AtomicBool::new(false));
-    let confirms = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let producer = match producer {
         Producer::Convoy => convoy_producer(connection.publisher(topic).unwrap(), &checker, &stop, &confirms),
         Producer::Foreign(command) => foreign_producer(command, &log.0, &checker, &stop, &confirms),

@@ -38,11 +38,7 @@ impl Drop for CleanUp {
 
 /// The interpreter of the interop virtualenv (`CONVOY_PYTHON`; scripts/test sets it).
 pub fn python() -> Option<String> {
-    let python = std::env::var("CONVOY_PYTHON").ok().filter(|p| !p.is_empty());
-    if python.is_none() {
-        eprintln!("CONVOY_PYTHON is not set: skipping (scripts/test sets it)");
-    }
-    python
+    convoy_testkit::support::required("CONVOY_PYTHON")
 }
 
 /// The path of a script in `scripts/interop/`.

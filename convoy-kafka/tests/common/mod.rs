@@ -16,23 +16,15 @@ use convoy_kafka::{
 };
 use convoy_testkit::conformance::{BedParts, Capabilities, ConformanceTarget, TestBed};
 pub use convoy_testkit::support::{init_tracing, unique};
-use convoy_testkit::support::{read_until, setting};
+use convoy_testkit::support::{read_until, required, setting};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 
 pub const BOOTSTRAP_VAR: &str = "CONVOY_KAFKA_BOOTSTRAP";
 
+/// The broker's address, or `None` after skipping the test ([`required`]; scripts/test sets it).
 pub fn bootstrap() -> Option<String> {
-    setting(BOOTSTRAP_VAR)
-}
-
-/// The broker's address, or `None` after saying the test is skipped (scripts/test sets it).
-pub fn bootstrap_or_skip() -> Option<String> {
-    let found = bootstrap();
-    if found.is_none() {
-        eprintln!("skipped: {BOOTSTRAP_VAR} is not set (scripts/test sets it)");
-    }
-    found
+    required(BOOTSTRAP_VAR)
 }
 
 /// A group protocol and, for the classic one, its assignor.
@@ -169,7 +161,7 @@ impl KafkaTarget {
     pub fn from_env(protocol: Protocol) -> Self {
         init_tracing();
         KafkaTarget {
-            bootstrap: bootstrap(),
+            bootstrap: setting(BOOTSTRAP_VAR),
             protocol,
         }
     }
@@ -295,5 +287,5 @@ impl ConformanceTarget for KafkaTarget {
 
 /// The Python with the interop producers' packages (`CONVOY_PYTHON`; scripts/test sets it).
 pub fn python() -> Option<String> {
-    setting("CONVOY_PYTHON")
+    required("CONVOY_PYTHON")
 }

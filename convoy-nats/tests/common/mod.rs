@@ -14,14 +14,18 @@ use convoy_nats::consumer::{EVENT_CAPACITY, MAX_BATCH};
 use convoy_nats::{admin, NatsConfig, NatsDeadLetterSink, NatsPublisher, NatsTransport};
 use convoy_testkit::conformance::{BedParts, Capabilities, ConformanceTarget, Positions, TestBed};
 pub use convoy_testkit::support::{block_on_side, init_tracing, unique};
-use convoy_testkit::support::{read_until, setting};
+use convoy_testkit::support::{read_until, required, setting};
 
 pub const URL_VAR: &str = "CONVOY_NATS_URL";
 
-/// The server address (`host:port`) from `CONVOY_NATS_URL`.
+/// The server address (`host:port`) from `CONVOY_NATS_URL`, or `None` after skipping the test
+/// ([`required`]; scripts/test sets it).
 pub fn server() -> Option<String> {
-    let url = setting(URL_VAR)?;
-    Some(url.trim_start_matches("nats://").to_owned())
+    required(URL_VAR).map(|url| address(&url))
+}
+
+fn address(url: &str) -> String {
+    url.trim_start_matches("nats://").to_owned()
 }
 
 /// Test settings: fast rebalancing, short leases, a revoke timeout above the conformance drain
@@ -43,7 +47,9 @@ pub struct NatsTarget {
 impl NatsTarget {
     pub fn from_env() -> Self {
         init_tracing();
-        NatsTarget { server: server() }
+        NatsTarget {
+            server: setting(URL_VAR).map(|url| address(&url)),
+        }
     }
 }
 
@@ -139,7 +145,7 @@ impl ConformanceTarget for NatsTarget {
 
 /// The Python with the interop producers' packages (`CONVOY_PYTHON`; scripts/test sets it).
 pub fn python() -> Option<String> {
-    setting("CONVOY_PYTHON")
+    required("CONVOY_PYTHON")
 }
 
 /// The last stream sequence stored on each partition subject of `topic` (0 for none).

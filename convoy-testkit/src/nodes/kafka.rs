@@ -131,12 +131,28 @@ impl KafkaNode {
         self.wait_started(before)
     }
 
-    /// A crash: SIGKILL, waiting until the process is gone.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+    /// A crash: SIGKILL, waiting until the process is gone. An error if it was not running (a
+    /// test's fault must really happen).
+    pub fn kill(&mut self) -> Result<(), NodeError> {
+        let Some(mut child) = self.child.take() else {
+            return Err(NodeError::failed(
+                format!("killing Kafka node {}", self.id),
+                "it was not running",
+            ));
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return Err(NodeError::failed(
+                format!("killing Kafka node {}", self.id),
+                "it had already exited",
+            ));
         }
+        child
+            .kill()
+            .map_err(|e| NodeError::failed(format!("killing Kafka node {}", self.id), e))?;
+        child
+            .wait()
+            .map_err(|e| NodeError::failed(format!("killing Kafka node {}", self.id), e))?;
+        Ok(())
     }
 
     /// A controlled shutdown (SIGTERM: leadership moves away first), waiting until it exits.
@@ -168,7 +184,7 @@ impl KafkaNode {
 
 impl Drop for KafkaNode {
     fn drop(&mut self) {
-        self.kill();
+        let _ = self.kill();
         remove_dir(&self.dir);
     }
 }

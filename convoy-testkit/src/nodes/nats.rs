@@ -145,12 +145,28 @@ impl NatsServer {
         self.wait_ready()
     }
 
-    /// A crash: SIGKILL, waiting until the process is gone.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+    /// A crash: SIGKILL, waiting until the process is gone. An error if it was not running (a
+    /// test's fault must really happen).
+    pub fn kill(&mut self) -> Result<(), NodeError> {
+        let Some(mut child) = self.child.take() else {
+            return Err(NodeError::failed(
+                format!("killing {}", self.name),
+                "it was not running",
+            ));
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return Err(NodeError::failed(
+                format!("killing {}", self.name),
+                "it had already exited",
+            ));
         }
+        child
+            .kill()
+            .map_err(|e| NodeError::failed(format!("killing {}", self.name), e))?;
+        child
+            .wait()
+            .map_err(|e| NodeError::failed(format!("killing {}", self.name), e))?;
+        Ok(())
     }
 
     /// Freezes (`STOP`) or thaws (`CONT`) the process.
@@ -184,7 +200,7 @@ impl NatsServer {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        self.kill();
+        let _ = self.kill();
         remove_dir(&self.dir);
     }
 }

@@ -195,12 +195,18 @@ impl RabbitNode {
             .ok()
     }
 
-    /// A crash: SIGKILL by the recorded PID, waiting until the process is gone.
-    pub fn kill(&self) {
-        if let Some(pid) = self.pid() {
-            let _ = super::signal(pid, "KILL", Duration::from_secs(30));
-        }
+    /// A crash: SIGKILL by the recorded PID, waiting until the process is gone. An error if no
+    /// process of the node runs (a test's fault must really happen) or it outlives the signal.
+    pub fn kill(&self) -> Result<(), NodeError> {
+        let killed = match self.pid().filter(|pid| alive(*pid)) {
+            Some(pid) => super::signal(pid, "KILL", Duration::from_secs(30)),
+            None => Err(NodeError::failed(
+                format!("killing {}", self.name),
+                "it was not running (no live process in its pid file)",
+            )),
+        };
         let _ = std::fs::remove_file(self.dir.join("pid"));
+        killed
     }
 
     /// Freezes (`STOP`) or thaws (`CONT`) the node's process.
@@ -246,7 +252,7 @@ impl Drop for RabbitNode {
     fn drop(&mut self) {
         let pid = self.dir.join("pid");
         if self.is_running() && self.ctl(&["stop", &pid.to_string_lossy()]).is_err() {
-            self.kill();
+            let _ = self.kill();
         }
         remove_dir(&self.dir);
     }
