@@ -1,7 +1,11 @@
 //! The engine inside a service: the consumer runs beside an HTTP server (axum) that answers
-//! what an orchestrator asks — `/healthz` (the engine task is alive), `/readyz` (it holds
+//! what an orchestrator asks — `/healthz` (the engine is alive: `StatsSnapshot::health`), `/readyz` (it holds
 //! sources, nothing waits past its deadline, commits go through: `StatsSnapshot::readiness`)
 //! and `/stats` (the counters as JSON). Kubernetes' probes point at the first two.
+//!
+//! Its logs are JSON lines, as a log collector wants them (`tracing_subscriber::fmt().json()`,
+//! feature `json` of `tracing-subscriber`; no ANSI colours): here they are captured and
+//! checked to be JSON, with the engine's lifecycle events among them.
 //!
 //! The example serves on 127.0.0.1 (a free port), publishes orders, asks its own endpoints
 //! while they are handled, and checks the answers: ready once sources are assigned, every
@@ -9,6 +13,7 @@
 
 use std::future::IntoFuture;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -23,7 +28,15 @@ const ORDERS: u64 = 200;
 /// The endpoints, over the running engine's counters.
 fn endpoints(stats: StatsReader) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State(stats): State<StatsReader>| async move {
+                match stats.snapshot().health() {
+                    Ok(()) => (StatusCode::OK, "ok".to_owned()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(|State(stats): State<StatsReader>| async move {
@@ -49,6 +62,39 @@ fn endpoints(stats: StatsReader) -> Router {
         .with_state(stats)
 }
 
+/// Where the JSON log lines go: a buffer the example reads back (a service writes to stdout).
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// JSON log lines at INFO (`RUST_LOG` overrides), without colours: the library recipe.
+fn json_logs(to: &Captured) -> Result<(), Error> {
+    let to = to.clone();
+    tracing_subscriber::fmt()
+        .json()
+        .with_ansi(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(move || to.clone())
+        .try_init()
+        .map_err(|e| format!("installing the log subscriber: {e}"))?;
+    Ok(())
+}
+
 /// A GET of `path` on `addr`: status code and body.
 async fn get_path(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String), Error> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
@@ -66,6 +112,8 @@ async fn get_path(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String
 }
 
 async fn run() -> Result<ExitCode, Error> {
+    let logs = Captured::default();
+    json_logs(&logs)?;
     let example = Example::setup("service").await?;
     let handler = handler_fn(|d: Delivery| async move {
         d.payload_str()?;
@@ -94,14 +142,38 @@ async fn run() -> Result<ExitCode, Error> {
     let (_, stats) = get_path(addr, "/stats").await?;
     let stats: serde_json::Value = serde_json::from_str(&stats)?;
     running.stop().await?;
+    let ended = get_path(addr, "/healthz").await?;
     server.abort();
     example.clean_up().await?;
 
-    println!("service: /healthz {alive:?}, /readyz {ready:?}, /stats {stats}");
+    println!(
+        "service: /healthz {alive:?}, /readyz {ready:?}, /stats {stats}, /healthz once stopped {ended:?}"
+    );
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    let lines: Vec<serde_json::Value> = logged
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let all_json = !lines.is_empty() && lines.len() == logged.lines().count();
+    let said = |what: &str| {
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains(what)))
+    };
+    println!("service: {} JSON log lines", lines.len());
     Ok(verdict(
         "service",
         &[
             ("/healthz answers 200 while the engine runs", alive.0 == 200),
+            ("/healthz answers 503 once the engine has ended", ended.0 == 503),
+            (
+                "every log line is JSON, without colours",
+                all_json && !logged.contains('\u{1b}'),
+            ),
+            (
+                "the log has the engine's lifecycle events",
+                said("source assigned"),
+            ),
             (
                 "/readyz answers 200 once sources are assigned",
                 ready == (200, "ready".to_owned()),

@@ -115,7 +115,7 @@ pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
             ..scenario.clone()
         };
         report.at_held_rate = Some(Box::new(
-            run_once(&connection, args, &held, "at the seed's pace: ").await?,
+            run_once(&connection, args, &held, "at a held rate: ").await?,
         ));
     }
     if seed {

@@ -469,6 +469,52 @@ fn impossible_bench_shapes_are_refused() {
         }
         None => assert!(elapsed < 0.01, "{report}"),
     }
+    // The baseline's drain is held to the same rule: 20 messages drain too fast to time.
+    let out = convoy(&["bench", "--scenario", "custom", "--keys", "2", "--messages", "20"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    let baseline = row_of(&table, "baseline");
+    assert!(
+        baseline.contains("not measured") || baseline.contains("msg/s"),
+        "{table}"
+    );
+    if baseline.contains("msg/s") {
+        // Timed after all: its rate covers at least MIN_TIMED_S.
+        let rate: f64 = baseline
+            .split(" msg/s")
+            .next()
+            .and_then(|b| b.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no rate in {baseline}"));
+        assert!(20.0 / rate >= 0.001, "{table}");
+    }
+    // No baseline run: said so, no invented 0 msg/s or ratio.
+    let out = convoy(&[
+        "bench",
+        "--scenario",
+        "custom",
+        "--keys",
+        "2",
+        "--messages",
+        "2000",
+        "--no-baseline",
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(
+        row_of(&table, "baseline").contains("not run (--no-baseline)"),
+        "{table}"
+    );
+    assert!(row_of(&table, "ratio to baseline").contains("not run"), "{table}");
+}
+
+/// The row `name` of a bench table (`| name | value |`).
+fn row_of(table: &str, name: &str) -> String {
+    table
+        .lines()
+        .find(|l| l.trim_start_matches("| ").starts_with(name))
+        .unwrap_or_else(|| panic!("no {name} row: {table}"))
+        .to_owned()
 }
 
 #[test]

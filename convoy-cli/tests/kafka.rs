@@ -196,7 +196,15 @@ fn a_broker_outage_is_logged_and_its_end_too() {
         &url,
         "Kafka brokers unreachable",
         "Kafka brokers answer again",
-        || cluster.lock().unwrap().node(1).unwrap().kill().expect("the node was killed"),
+        || {
+            cluster
+                .lock()
+                .unwrap()
+                .node(1)
+                .unwrap()
+                .kill()
+                .expect("the node was killed")
+        },
         || cluster.lock().unwrap().node(1).unwrap().restart().unwrap(),
     );
 }
@@ -229,6 +237,23 @@ async fn exactly_once_forwarding_survives_ten_kill_9() {
         &format!("{topic}-out"),
         &member,
         scenarios::processes::Downstream::Topic,
+    )
+    .await;
+}
+
+/// The control of the test above: the same kills without a transactional id must leave copies
+/// in the output (nothing lost, in order), or the exactly-once runs would prove nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_without_a_transaction_publishes_copies_through_kill_9() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("alo");
+    let url = format!("{}&partitions=4", url(&bootstrap, &unique("alo-group"), &topic));
+    scenarios::processes::forwarding_survives_kill_9(
+        &url,
+        &topic,
+        &format!("{topic}-out"),
+        &format!("&group.instance.id={topic}-member"),
+        scenarios::processes::Downstream::TopicWithCopies,
     )
     .await;
 }

@@ -46,7 +46,8 @@
 //!   fresh topics on a shared broker.
 //!
 //! Features: `memory` (the embedded broker, `memory://`), `amqp` (RabbitMQ, `amqp://`) and
-//! `nats` (`nats://`) are the default, all pure Rust; `kafka` (`kafka://`) builds librdkafka
+//! `nats` (`nats://`) are the default and build no C library (only `ring`'s few C files, for
+//! rustls); `kafka` (`kafka://`) builds librdkafka
 //! (C, cmake) and is opt-in. `amqp-tls` adds `amqps://`, `kafka-tls` (or
 //! `kafka-tls-vendored`) Kafka's TLS and SASL, `kafka-zstd` zstd, `nats-nkeys` NATS
 //! credentials files and nkeys. `opentelemetry` makes the producer's span the parent of the

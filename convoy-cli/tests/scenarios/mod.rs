@@ -282,6 +282,38 @@ pub fn consume_prints_and_serves_metrics(url: &str) {
     // Help text, histograms (buckets add up across replicas), and sources labelled by topic
     // and partition (the gauges come with the next lag query: wait for them).
     assert!(metrics.contains("# HELP convoy_handled_total"), "{metrics}");
+    // Help texts name the label values their series carry, and say what a gauge counts.
+    let help = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("# HELP {name} ")))
+            .unwrap_or_else(|| panic!("no help for {name}:\n{metrics}"))
+            .to_owned()
+    };
+    for (name, label) in [
+        ("convoy_dead_lettered_total", "cause"),
+        ("convoy_handled_total", "outcome"),
+    ] {
+        let text = help(name);
+        let values: std::collections::BTreeSet<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.split(&format!("{label}=\"")).nth(1)?.split('"').next())
+            .collect();
+        assert!(!values.is_empty(), "no {name} series:\n{metrics}");
+        for value in values {
+            assert!(
+                text.contains(value),
+                "the help of {name} does not name {label} {value}: {text}"
+            );
+        }
+    }
+    assert!(help("convoy_dead_lettered_total").contains("retries-exhausted"));
+    assert!(
+        help("convoy_in_flight").contains("queued in lanes"),
+        "{}",
+        help("convoy_in_flight")
+    );
     assert!(
         metrics.contains("convoy_handler_duration_seconds_bucket{"),
         "{metrics}"
@@ -611,7 +643,7 @@ pub fn topic_commands(url: &str, topic: &str, lists_groups: bool) {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    ok(convoy(&[
+    let created = convoy(&[
         "--url",
         url,
         "topic",
@@ -621,7 +653,14 @@ pub fn topic_commands(url: &str, topic: &str, lists_groups: bool) {
         "3",
         "--for-group",
         "billing",
-    ]));
+    ]);
+    let said = String::from_utf8_lossy(&created.stderr).into_owned();
+    ok(created);
+    // What create says of the group agrees with what list shows of it.
+    match lists_groups {
+        true => assert!(said.contains("for groups billing"), "{said}"),
+        false => assert!(said.contains("--for-group matters only on RabbitMQ"), "{said}"),
+    }
     let listed = ok(convoy(&["--url", url, "topic", "list", "--json"]));
     let entry: serde_json::Value = listed
         .lines()
@@ -629,8 +668,9 @@ pub fn topic_commands(url: &str, topic: &str, lists_groups: bool) {
         .find(|t| t["topic"] == topic)
         .unwrap_or_else(|| panic!("{topic} not listed: {listed}"));
     assert_eq!(entry["partitions"], 3, "{entry}");
-    if lists_groups {
-        assert_eq!(entry["groups"], serde_json::json!(["billing"]), "{entry}");
+    match lists_groups {
+        true => assert_eq!(entry["groups"], serde_json::json!(["billing"]), "{entry}"),
+        false => assert_eq!(entry["groups"], serde_json::json!([]), "{entry}"),
     }
     // A topic made with 3 partitions is used as it is, without naming its count again.
     let produced = convoy_with_input(&["--url", url, "--topic", topic, "produce"], b"k1\tv1\n");

@@ -339,7 +339,7 @@ impl Engine {
         });
         EngineHandle {
             stopper: Stopper(Arc::new(signals)),
-            task: tokio::spawn(intake.run()),
+            task: tokio::spawn(stats::marks_ended(stats.clone(), intake.run())),
             shard_aborts,
             stats,
             inspector: Inspector(inspector),
@@ -404,14 +404,15 @@ impl EngineHandle {
         let (signals, _) = watch::channel(0u8);
         let (inspector, _) = mpsc::channel(1);
         let control = subscription.control;
+        let stats = Arc::new(EngineStats::new(0));
         EngineHandle {
             stopper: Stopper(Arc::new(signals)),
-            task: tokio::spawn(async move {
+            task: tokio::spawn(stats::marks_ended(stats.clone(), async move {
                 let _ = control.close().await;
                 Err(EngineError::Config(error))
-            }),
+            })),
             shard_aborts: Vec::new(),
-            stats: Arc::new(EngineStats::new(0)),
+            stats,
             inspector: Inspector(inspector),
         }
     }

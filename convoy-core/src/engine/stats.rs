@@ -1,6 +1,6 @@
 //! Counters the engine keeps for its handle and report (independent of any metrics recorder).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +38,8 @@ pub(crate) struct IntakeStats {
     /// since when that deadline passed (milliseconds after the engine started).
     pub stalled_on: AtomicU8,
     pub stalled_since: AtomicU64,
+    /// The engine's task has ended (returned, failed, panicked or was aborted).
+    pub ended: AtomicBool,
 }
 
 /// What an engine has waited for past its deadline: a member in this state is not ready.
@@ -145,6 +147,9 @@ pub struct StatsSnapshot {
     /// What the engine has waited for past its deadline, if anything: a member in this state
     /// is not ready.
     pub stalled: Option<Stall>,
+    /// The engine's task has ended — stopped, failed or panicked (its handle's `join` says
+    /// which): nothing more is consumed. What a liveness probe answers ([`Self::health`]).
+    pub ended: bool,
 }
 
 /// Commits failing for longer than this make a member not ready ([`StatsSnapshot::readiness`]).
@@ -157,6 +162,7 @@ impl StatsSnapshot {
     /// past its deadline ([`stalled`](Self::stalled)), and while commits have failed for longer
     /// than [`COMMITS_FAILING_AT_MOST`].
     pub fn readiness(&self) -> Result<(), String> {
+        self.health()?;
         if self.sources == 0 {
             return Err(
                 "no sources assigned (joining the group, a rebalance, or more members than partitions)"
@@ -178,11 +184,41 @@ impl StatsSnapshot {
         }
     }
 
+    /// Whether the engine is alive: what a liveness probe (Kubernetes' `livenessProbe`, a
+    /// service's `/healthz`) answers. Not alive once its task has ended, stopped or failed:
+    /// a process that goes on serving without it consumes nothing, so restart it.
+    pub fn health(&self) -> Result<(), String> {
+        match self.ended {
+            true => Err("the engine has ended (stopped or failed: join its handle for why)".to_owned()),
+            false => Ok(()),
+        }
+    }
+
     /// Messages finished, whatever the outcome: handled, dead-lettered, set aside behind a
     /// parked key, or skipped as duplicates. What to wait on for "everything published so far
     /// is done" (`handled` alone never gets there once one message is dead-lettered).
     pub fn finished(&self) -> u64 {
         self.handled + self.dead_lettered + self.parked + self.duplicates
+    }
+}
+
+/// The engine's task `f`, marking `stats` ended when it is over however it ends: returned,
+/// panicked (the mark is set while unwinding) or aborted (dropped, polled or not: the mark is
+/// made before the future is, and goes with it).
+pub(crate) fn marks_ended<T>(
+    stats: Arc<EngineStats>,
+    f: impl std::future::Future<Output = T>,
+) -> impl std::future::Future<Output = T> {
+    struct MarkOnDrop(Arc<EngineStats>);
+    impl Drop for MarkOnDrop {
+        fn drop(&mut self) {
+            self.0.intake.ended.store(true, Relaxed);
+        }
+    }
+    let mark = MarkOnDrop(stats);
+    async move {
+        let _mark = mark;
+        f.await
     }
 }
 
@@ -231,6 +267,7 @@ impl EngineStats {
             paused_sources: self.intake.paused_sources.load(Relaxed),
             sources: self.intake.sources.load(Relaxed),
             commits: self.intake.commits.load(Relaxed),
+            ended: self.intake.ended.load(Relaxed),
             commits_failing_for: match self.intake.commits_failing_since.load(Relaxed) {
                 0 => None,
                 ms => Some(
@@ -289,5 +326,32 @@ mod tests {
             overdue: Duration::from_secs(4),
         });
         assert!(s.readiness().unwrap_err().contains("4 s past its deadline"));
+        assert_eq!(s.health(), Ok(()), "a stall makes a member unready, not dead");
+        s.ended = true;
+        assert!(s.health().unwrap_err().contains("ended"));
+        assert!(
+            s.readiness().unwrap_err().contains("ended"),
+            "an ended engine is not ready"
+        );
+    }
+
+    /// The mark is set however the engine's task ends: returned, panicked or aborted.
+    #[tokio::test]
+    async fn the_engine_task_is_marked_ended_however_it_ends() {
+        let returned = Arc::new(EngineStats::new(0));
+        marks_ended(returned.clone(), async {}).await;
+        assert!(returned.snapshot().ended);
+
+        let panicked = Arc::new(EngineStats::new(0));
+        let task = tokio::spawn(marks_ended(panicked.clone(), async { panic!("a handler bug") }));
+        assert!(task.await.is_err());
+        assert!(panicked.snapshot().ended);
+
+        let aborted = Arc::new(EngineStats::new(0));
+        let task = tokio::spawn(marks_ended(aborted.clone(), std::future::pending::<()>()));
+        assert!(!aborted.snapshot().ended, "running");
+        task.abort();
+        assert!(task.await.is_err());
+        assert!(aborted.snapshot().ended);
     }
 }

@@ -140,6 +140,12 @@ pub struct Measured<'a> {
 /// timed, only counted (the clock's and the scheduler's granularity would make the figure up).
 pub const MIN_TIMED_S: f64 = 0.01;
 
+/// The shortest drain a baseline's rate is computed from. A bare client's drain has no
+/// start-up inside its span (the engine's throughput counts from its first finished message,
+/// after joining and fetching began), so a millisecond is enough to time it; below that the
+/// scheduler's granularity would make the figure up (20 messages "at 214,000 msg/s").
+pub const MIN_BASELINE_S: f64 = 0.001;
+
 /// Latency before the handler, split at the engine's receipt (milliseconds).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Stages {
@@ -177,6 +183,11 @@ impl ScenarioReport {
             true => m.messages as f64 / m.elapsed_s,
             false => f64::NAN,
         };
+        // The baseline's drain too (its span is messages ÷ its rate); 0 is a baseline not run.
+        let baseline = match m.baseline_msg_s {
+            b if b > 0.0 && m.messages as f64 / b < MIN_BASELINE_S => f64::NAN,
+            b => b,
+        };
         let mib = |bytes: usize| bytes as f64 / f64::from(1 << 20);
         let bound = m.back_pressure.total_bytes_high + m.back_pressure.prefetch_limit().bytes;
         let peak_rss = m.peak_rss_mb;
@@ -208,11 +219,12 @@ impl ScenarioReport {
             order_violations: check.order_violations + check.overlaps,
             lost: check.lost,
             duplicates: check.duplicates,
-            baseline_throughput_msg_s: m.baseline_msg_s,
-            ratio_to_baseline: if m.baseline_msg_s > 0.0 {
-                throughput / m.baseline_msg_s
+            baseline_throughput_msg_s: baseline,
+            // NaN (null in JSON) unless both were timed.
+            ratio_to_baseline: if baseline > 0.0 {
+                throughput / baseline
             } else {
-                0.0
+                f64::NAN
             },
             peak_rss_mb: peak_rss,
             rss_after_prefill_mb: m.rss_before_mb,
@@ -295,15 +307,21 @@ impl ScenarioReport {
         row("order violations", self.order_violations.to_string());
         row("lost", self.lost.to_string());
         row("duplicates", self.duplicates.to_string());
+        let baseline_run = self.baseline_throughput_msg_s != 0.0;
         row(
             "baseline (bare client)",
-            format!("{:.0} msg/s", self.baseline_throughput_msg_s),
+            match (baseline_run, self.baseline_throughput_msg_s.is_finite()) {
+                (false, _) => "not run (--no-baseline)".to_owned(),
+                (true, false) => "not measured: its drain took under a millisecond".to_owned(),
+                (true, true) => format!("{:.0} msg/s", self.baseline_throughput_msg_s),
+            },
         );
         row(
             "ratio to baseline",
-            match self.ratio_to_baseline.is_finite() {
-                true => format!("{:.3}", self.ratio_to_baseline),
-                false => "not measured".to_owned(),
+            match (baseline_run, self.ratio_to_baseline.is_finite()) {
+                (false, _) => "not run".to_owned(),
+                (true, false) => "not measured".to_owned(),
+                (true, true) => format!("{:.3}", self.ratio_to_baseline),
             },
         );
         self.memory_rows(&mut row, &mut notes);

@@ -180,15 +180,7 @@ impl Connection {
             #[cfg(feature = "memory")]
             Backend::Memory(_) => self.remove_topic(name, &[]).await,
             #[cfg(feature = "kafka")]
-            Backend::Kafka(config) => {
-                let checkpoints = convoy_kafka::producer::checkpoint_topic(name);
-                let listed = convoy_kafka::admin::list_topics(config).await?;
-                let mut doomed = vec![name];
-                if listed.iter().any(|(t, _)| *t == checkpoints) {
-                    doomed.push(&checkpoints);
-                }
-                Ok(convoy_kafka::admin::delete_topics(config, &doomed).await?)
-            }
+            Backend::Kafka(config) => kafka_delete_with_checkpoints(config, name).await,
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
                 let config = crate::backend::amqp::config_for(config, &self.endpoint, false)?;
@@ -221,7 +213,8 @@ impl Connection {
             #[cfg(feature = "kafka")]
             Backend::Kafka(config) => {
                 let _ = groups; // a Kafka group's offsets go with the topic
-                Ok(convoy_kafka::admin::delete_topics(config, &[topic]).await?)
+                                // A dead-letter topic is a topic like any on Kafka: its checkpoints go with it.
+                kafka_delete_with_checkpoints(config, topic).await
             }
             #[cfg(feature = "amqp")]
             Backend::Amqp(config) => {
@@ -256,4 +249,20 @@ impl Connection {
             }
         }
     }
+}
+
+/// Deletes the Kafka topic `name` and, when there is one, the checkpoint topic of parked keys
+/// beside it (`<name>.parking`, which only a dead-letter topic has).
+#[cfg(feature = "kafka")]
+async fn kafka_delete_with_checkpoints(
+    config: &convoy_kafka::KafkaConfig,
+    name: &str,
+) -> Result<(), ConnectError> {
+    let checkpoints = convoy_kafka::producer::checkpoint_topic(name);
+    let listed = convoy_kafka::admin::list_topics(config).await?;
+    let mut doomed = vec![name];
+    if listed.iter().any(|(t, _)| *t == checkpoints) {
+        doomed.push(&checkpoints);
+    }
+    Ok(convoy_kafka::admin::delete_topics(config, &doomed).await?)
 }
