@@ -1,8 +1,46 @@
 //! The connection settings of a command: flags over `CONVOY_*` variables over the config file.
 
-use convoy::ConnectConfig;
+use std::future::Future;
+use std::time::Duration;
+
+use convoy::{ConnectConfig, ConnectError, TransportError};
 
 use crate::cli::Cli;
+
+/// How long a command started during a broker outage (a node restarting, a cluster electing a
+/// leader) waits it out before giving up: as long as a NATS member waits to join.
+pub const OUTAGE_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs `attempt` again while the broker is unavailable, with backoff, for up to
+/// [`OUTAGE_WAIT`] (said once on stderr): a member started in an outage waits it out, as a
+/// running one does, instead of exiting. Any other error returns at once.
+pub async fn through_outage<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, ConnectError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ConnectError>>,
+{
+    let deadline = tokio::time::Instant::now() + OUTAGE_WAIT;
+    let mut wait = Duration::from_millis(100);
+    let mut said = false;
+    loop {
+        match attempt().await {
+            Err(ConnectError::Transport(TransportError::Unavailable(e)))
+                if tokio::time::Instant::now() + wait < deadline =>
+            {
+                if !said {
+                    eprintln!(
+                        "warning: {what}: the broker is unavailable ({e}); trying again for up to {} s",
+                        OUTAGE_WAIT.as_secs()
+                    );
+                    said = true;
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            done => return done,
+        }
+    }
+}
 
 /// The merged settings (not yet connected).
 pub fn connect_config(cli: &Cli) -> Result<ConnectConfig, String> {
@@ -54,7 +92,9 @@ pub async fn fit_to_topics(
     if endpoint.scheme == "memory" || endpoint.topics.is_empty() {
         return Ok(connection);
     }
-    let listed = connection.list_topics().await.map_err(|e| e.to_string())?;
+    let listed = through_outage("reading the topics", || connection.list_topics())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut counts = Vec::new();
     for topic in &endpoint.topics {
         match listed.iter().find(|t| &t.name == topic) {
@@ -96,4 +136,51 @@ fn url_names(config: &ConnectConfig, name: &str) -> bool {
         .as_deref()
         .and_then(|url| url.split_once('?'))
         .is_some_and(|(_, query)| query.split('&').any(|pair| pair.split('=').next() == Some(name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_is_waited_out_and_other_errors_are_not() {
+        let mut calls = 0;
+        let answer = through_outage("reading", || {
+            calls += 1;
+            let failing = calls < 4;
+            async move {
+                match failing {
+                    true => Err(ConnectError::Transport(TransportError::Unavailable(
+                        "reset".into(),
+                    ))),
+                    false => Ok(calls),
+                }
+            }
+        })
+        .await;
+        assert_eq!(answer.ok(), Some(4));
+
+        let mut calls = 0;
+        let refused = through_outage("reading", || {
+            calls += 1;
+            async { Err::<(), _>(ConnectError::Transport(TransportError::Fatal("refused".into()))) }
+        })
+        .await;
+        assert!(refused.is_err());
+        assert_eq!(calls, 1, "a fatal error is not tried again");
+
+        let started = tokio::time::Instant::now();
+        let gone = through_outage("reading", || async {
+            Err::<(), _>(ConnectError::Transport(TransportError::Unavailable(
+                "down".into(),
+            )))
+        })
+        .await;
+        assert!(gone.is_err());
+        assert!(
+            started.elapsed() <= OUTAGE_WAIT,
+            "gives up within {OUTAGE_WAIT:?}"
+        );
+        assert!(started.elapsed() >= OUTAGE_WAIT - Duration::from_secs(2));
+    }
 }

@@ -53,8 +53,13 @@ impl Drop for Consumer {
 }
 
 impl Consumer {
-    /// A crash: no drain, no commit, no leave.
+    /// A crash: no drain, no commit, no leave. Fails if the process had already exited (the
+    /// kill a test counts must have happened).
     fn kill(mut self) {
+        assert!(
+            matches!(self.0.try_wait(), Ok(None)),
+            "the consumer to kill had already exited"
+        );
         self.0.kill().unwrap();
         self.0.wait().unwrap();
     }

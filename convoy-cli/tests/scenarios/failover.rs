@@ -125,7 +125,7 @@ impl Progress {
     pub fn kill_a_member(&self) {
         let log = self.handled.lock().unwrap().file.clone();
         let mut members = self.members.lock().unwrap();
-        drop(members.remove(0)); // SIGKILL
+        members.remove(0).kill();
         members.push(Member::start(&self.url, &log));
     }
 

@@ -713,6 +713,26 @@ pub fn topic_commands(url: &str, topic: &str, lists_groups: bool) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // What convoy keeps on a delete is named: on NATS a group's buckets, shared with its other
+    // topics, unless the delete names the group.
+    let kept = format!("{topic}-kept");
+    ok(convoy(&[
+        "--url",
+        url,
+        "topic",
+        "create",
+        &kept,
+        "--partitions",
+        "1",
+    ]));
+    let deleted = convoy(&["--url", url, "topic", "delete", &kept]);
+    let said = String::from_utf8_lossy(&deleted.stderr).into_owned();
+    ok(deleted);
+    assert_eq!(
+        said.contains("kept: the state of the groups that read it"),
+        url.starts_with("nats"),
+        "{said}"
+    );
     // What does not exist is said so, and a typo creates nothing.
     let missing = format!("{topic}-nosuch");
     let deleted = convoy(&["--url", url, "topic", "delete", &missing]);
@@ -944,6 +964,64 @@ pub fn operator_mistakes(base: &str, topic: &str) {
         ]),
         "(--forward-to) does not exist",
     );
+
+    // `/lanes` counts what a parked key set aside, beside what was handled and dead-lettered.
+    ok(convoy_with_input(
+        &["--url", &url, "produce"],
+        b"acct-3\tpoison\nacct-3\tafter\nacct-4\tfine\n",
+    ));
+    let addr = format!("127.0.0.1:{}", convoy_testkit::support::free_port().unwrap());
+    let mut consume = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args([
+            "--url",
+            &url,
+            "consume",
+            "--park-keys",
+            "--fail-on",
+            "poison",
+            "--quiet",
+        ])
+        .args(["--metrics-addr", &addr])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _kill = KillOnDrop(consume.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let totals = loop {
+        if std::net::TcpStream::connect(&addr).is_ok() {
+            let lanes = get(&addr, "/lanes");
+            let body = lanes.split("\r\n\r\n").nth(1).unwrap_or_default();
+            if let Ok(view) = serde_json::from_str::<serde_json::Value>(body) {
+                let totals = view["totals"].clone();
+                let count = |what: &str| totals[what].as_u64().unwrap_or(0);
+                if count("handled") + count("dead_lettered") + count("parked") >= 3 {
+                    break totals;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/lanes never counted the three messages"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        (&totals["handled"], &totals["dead_lettered"], &totals["parked"]),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(1),
+            &serde_json::json!(1)
+        ),
+        "{totals}"
+    );
+    let interrupted = Command::new("kill")
+        .args(["-INT", &consume.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    assert!(wait_exit(&mut consume).success());
 
     let dlq = format!("{topic}.dlq");
     let deleted = ok(convoy(&[

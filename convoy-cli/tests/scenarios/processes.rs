@@ -83,6 +83,20 @@ impl Member {
     }
 }
 
+impl Member {
+    /// The fault: SIGKILL (no drain, no commit, no leave), waiting until the process is gone.
+    /// Fails if it had already exited, so a kill a test counts has happened.
+    pub fn kill(mut self) {
+        assert!(
+            matches!(self.0.try_wait(), Ok(None)),
+            "the member to kill had already exited:\n{}",
+            self.stderr()
+        );
+        self.0.kill().expect("SIGKILL sent");
+        self.0.wait().expect("the killed member reaped");
+    }
+}
+
 impl Drop for Member {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -195,7 +209,7 @@ pub async fn join_leave_and_survive_kill_9(url: &str, topic: &str) {
             }
             _ if kills < 5 => {
                 // A crash: no drain, no commit; its unfinished messages go to the others.
-                drop(members.remove(round % members.len())); // SIGKILL
+                members.remove(round % members.len()).kill();
                 kills += 1;
                 members.push(Member::start(url, &log.0));
             }
@@ -486,7 +500,7 @@ pub async fn parked_keys_survive_kill_9(url: &str, topic: &str) {
         let healthy_so_far = (0..KEYS).filter(|k| !poisoned(*k)).count() * (round as usize * 2);
         tokio::task::block_in_place(|| log.wait_handled(healthy_so_far));
         if round < 4 {
-            drop(members.remove(0));
+            members.remove(0).kill();
             members.push(Member::start_with(url, &log.0, &broken));
         }
     }
@@ -567,7 +581,7 @@ pub async fn parked_keys_survive_kill_9(url: &str, topic: &str) {
             "the replay of {key} takes all of it"
         );
     }
-    drop(members.remove(0));
+    members.remove(0).kill();
     members.push(Member::start_with(url, &log.0, &fixed));
     tokio::task::block_in_place(|| log.wait_handled(KEYS * PER_KEY as usize));
     let still = wait_parked(&connection, |p| p.is_empty()).await;
@@ -662,7 +676,7 @@ pub async fn forwarding_survives_kill_9(
     let mut member = Member::start_with(&member_url, &log.0, &args);
     for kill in 1..=KILLS {
         tokio::task::block_in_place(|| log.wait_handled(total * kill / (KILLS + 2)));
-        drop(member); // SIGKILL
+        member.kill();
         member = Member::start_with(&member_url, &log.0, &args);
     }
     // Done when everything is downstream (a member's log is not enough: a restarted member
