@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use convoy_core::transport::{event_channel, Departure, EventSender, MemberControl};
-use convoy_core::transport::{PrefetchLimit, Subscription};
+use convoy_core::transport::{wait_out_outage, PrefetchLimit, Subscription, JOIN_WITHIN};
 use convoy_core::{SourceId, Transport, TransportError};
 use lapin::Channel;
 use tokio::sync::watch;
@@ -117,9 +117,11 @@ impl Transport for AmqpTransport {
             prefetch: self.prefetch(limit),
             departure: Departure::new(),
         });
-        // Connect and declare before returning, so a bad address or a mismatching queue is an
-        // error of `subscribe`, not a silent retry loop.
-        let member = member::join(shared.clone()).await?;
+        // Connect and declare before returning, so a refused login or a mismatching queue is an
+        // error of `subscribe`, not a silent retry loop; an outage (a node restarting) is
+        // waited out for a while, as a running member's reconnection does.
+        let member =
+            wait_out_outage(JOIN_WITHIN, "joining the group", || member::join(shared.clone())).await?;
         tokio::spawn(member::run(shared.clone(), member));
         Ok(Subscription::new(rx, Box::new(MemberControl::new(shared))))
     }

@@ -32,6 +32,7 @@ mod events;
 mod group;
 mod lease;
 mod member;
+mod outage;
 
 /// What a dead-letter sink that reads its destination from a mark implements
 /// ([`DeadLetterSink::read_back_after`](crate::DeadLetterSink::read_back_after)).
@@ -41,6 +42,7 @@ pub use departure::Departure;
 pub use group::{Ended, GroupLocks, GroupMember, LockLoss, MemberTiming, PartitionReader};
 pub use lease::{Lease, LeaseTerms, Renewal};
 pub use member::{MemberControl, MemberSources};
+pub use outage::{wait_out_outage, JOIN_WITHIN};
 
 pub use events::{
     event_channel, EventReceiver, EventSender, EventsClosed, RevokeAck, SourceEvent, TrySendBatch,

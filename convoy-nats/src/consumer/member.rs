@@ -27,12 +27,12 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Operation, Store, UpdateErrorKind};
 use async_trait::async_trait;
+use convoy_core::transport::{wait_out_outage, JOIN_WITHIN};
 use convoy_core::transport::{Assignment, Lease, SourceEvent};
 use convoy_core::transport::{Ended, EventSender, GroupLocks, GroupMember, LockLoss, MemberTiming};
 use convoy_core::{Offset, SourceId, TransportError};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
 
 use super::leases::{self, Leases, LostKey};
 use super::partition::{PartitionTask, ReaderParts};
@@ -41,9 +41,6 @@ use crate::config::NatsConfig;
 use crate::connect::{connect, Connected};
 use crate::error::nats_error;
 use crate::topology::{self, WatermarkEntry};
-
-/// How long joining the group waits out an outage before `subscribe` fails with it.
-const JOIN_WITHIN: Duration = Duration::from_secs(30);
 
 /// Longest wait for the member count.
 const MEMBERS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -66,19 +63,10 @@ pub(super) struct Joined {
 /// to [`JOIN_WITHIN`].
 pub(super) async fn join(config: &NatsConfig, events: EventSender) -> Result<Joined, TransportError> {
     let connected = connect(config, "consume").await?;
-    let mut backoff = Duration::from_millis(100);
-    let joining = Instant::now();
-    let joined = loop {
-        match join_once(connected.clone(), config, events.clone()).await {
-            Ok(joined) => break joined,
-            Err(TransportError::Unavailable(e)) if joining.elapsed() < JOIN_WITHIN => {
-                tracing::warn!(error = %e, retry_in = ?backoff, "joining the group: the server is not ready; trying again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => return Err(e),
-        }
-    };
+    let joined = wait_out_outage(JOIN_WITHIN, "joining the group", || {
+        join_once(connected.clone(), config, events.clone())
+    })
+    .await?;
     tokio::spawn(leases::keep(joined.leases.clone()));
     tracing::info!(group = %config.group, topics = ?config.topics, member = %format!("{:016x}", joined.me), "joined the group");
     Ok(joined)

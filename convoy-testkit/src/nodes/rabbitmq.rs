@@ -155,6 +155,19 @@ impl RabbitNode {
 
     /// Boots the node (again, after a kill: its data survives) and waits until it runs.
     pub fn boot(&self) -> Result<(), NodeError> {
+        match self.boot_once() {
+            // Once more when no process of it runs: right after a SIGKILL, epmd may still hold
+            // the old node's name for a moment and refuse the new one.
+            Err(first) if !self.is_running() => {
+                eprintln!("booting {} again after: {first}", self.name);
+                std::thread::sleep(Duration::from_secs(2));
+                self.boot_once()
+            }
+            done => done,
+        }
+    }
+
+    fn boot_once(&self) -> Result<(), NodeError> {
         let mut start = Command::new("rabbitmq-server");
         start.arg("-detached");
         self.env(&mut start);
