@@ -30,20 +30,12 @@ fn endpoints(stats: StatsReader) -> Router {
     Router::new()
         .route(
             "/healthz",
-            get(|State(stats): State<StatsReader>| async move {
-                match stats.snapshot().health() {
-                    Ok(()) => (StatusCode::OK, "ok".to_owned()),
-                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
-                }
-            }),
+            get(|State(stats): State<StatsReader>| async move { probe(stats.snapshot().health(), "ok") }),
         )
         .route(
             "/readyz",
             get(|State(stats): State<StatsReader>| async move {
-                match stats.snapshot().readiness() {
-                    Ok(()) => (StatusCode::OK, "ready".to_owned()),
-                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
-                }
+                probe(stats.snapshot().readiness(), "ready")
             }),
         )
         .route(
@@ -60,6 +52,14 @@ fn endpoints(stats: StatsReader) -> Router {
             }),
         )
         .with_state(stats)
+}
+
+/// A probe's answer: 200 with `ok`, or 503 with the reason.
+fn probe(answer: Result<(), String>, ok: &str) -> (StatusCode, String) {
+    match answer {
+        Ok(()) => (StatusCode::OK, ok.to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
 }
 
 /// Where the JSON log lines go: a buffer the example reads back (a service writes to stdout).

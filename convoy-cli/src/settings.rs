@@ -3,43 +3,35 @@
 use std::future::Future;
 use std::time::Duration;
 
+use convoy::transport::{wait_out_outage, JOIN_WITHIN};
 use convoy::{ConnectConfig, ConnectError, TransportError};
 
 use crate::cli::Cli;
 
 /// How long a command started during a broker outage (a node restarting, a cluster electing a
-/// leader) waits it out before giving up: as long as a NATS member waits to join.
-pub const OUTAGE_WAIT: Duration = Duration::from_secs(30);
+/// leader) waits it out before giving up: as long as a member waits to join.
+pub const OUTAGE_WAIT: Duration = JOIN_WITHIN;
 
-/// Runs `attempt` again while the broker is unavailable, with backoff, for up to
-/// [`OUTAGE_WAIT`] (said once on stderr): a member started in an outage waits it out, as a
-/// running one does, instead of exiting. Any other error returns at once.
+/// Runs `attempt` again while the broker is unavailable, for up to [`OUTAGE_WAIT`]
+/// ([`wait_out_outage`]): a member started in an outage waits it out, as a running one does,
+/// instead of exiting. Any other error returns at once.
 pub async fn through_outage<T, F, Fut>(what: &str, mut attempt: F) -> Result<T, ConnectError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ConnectError>>,
 {
-    let deadline = tokio::time::Instant::now() + OUTAGE_WAIT;
-    let mut wait = Duration::from_millis(100);
-    let mut said = false;
-    loop {
-        match attempt().await {
-            Err(ConnectError::Transport(TransportError::Unavailable(e)))
-                if tokio::time::Instant::now() + wait < deadline =>
-            {
-                if !said {
-                    eprintln!(
-                        "warning: {what}: the broker is unavailable ({e}); trying again for up to {} s",
-                        OUTAGE_WAIT.as_secs()
-                    );
-                    said = true;
-                }
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(2));
+    // Only an outage goes round again; every other answer is carried out as it is.
+    let answer = wait_out_outage(OUTAGE_WAIT, what, || {
+        let attempt = attempt();
+        async move {
+            match attempt.await {
+                Err(ConnectError::Transport(e @ TransportError::Unavailable(_))) => Err(e),
+                other => Ok(other),
             }
-            done => return done,
         }
-    }
+    })
+    .await;
+    answer.unwrap_or_else(|outage| Err(outage.into()))
 }
 
 /// The merged settings (not yet connected).

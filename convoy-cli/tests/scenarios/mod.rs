@@ -201,6 +201,27 @@ fn scrape(addr: &str) -> String {
     get(addr, "/metrics")
 }
 
+/// Waits (at most a minute) until the consumer serving metrics at `addr` reports a lag of 0 on
+/// every source it holds: everything it received is committed.
+pub fn wait_lag_zero(addr: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = scrape(addr);
+        let lags: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with("convoy_source_lag{"))
+            .collect();
+        if !lags.is_empty() && lags.iter().all(|l| l.ends_with(" 0")) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag never came to 0 everywhere at {addr}: {lags:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `GET path` from the consumer's endpoint: the whole response, status line first.
 pub fn get(addr: &str, path: &str) -> String {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
@@ -331,23 +352,7 @@ pub fn consume_prints_and_serves_metrics(url: &str) {
     }
     // Everything handled and committed: every source's lag comes to 0 — the empty ones' too
     // (5 keys leave partitions without messages), which alerts and autoscalers read.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let page = scrape(&addr);
-        let lags: Vec<&str> = page
-            .lines()
-            .filter(|l| l.starts_with("convoy_source_lag{"))
-            .collect();
-        let partitions = lags.len();
-        if partitions > 0 && lags.iter().all(|l| l.ends_with(" 0")) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "lag never came to 0 everywhere: {lags:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_lag_zero(&addr);
     // Alive, ready (it holds sources, its commits go through), the live view, nothing else.
     assert!(get(&addr, "/healthz").starts_with("HTTP/1.1 200"));
     let ready = get(&addr, "/readyz");

@@ -277,22 +277,7 @@ pub async fn a_frozen_member_handles_nothing_after_its_lease(url: &str, topic: &
         }
         // Everything committed by the new owner (its lag 0 on every partition): whatever the
         // thawed member could take back later holds nothing to handle.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let page = super::get(&other_metrics, "/metrics");
-            let lags: Vec<&str> = page
-                .lines()
-                .filter(|l| l.starts_with("convoy_source_lag{"))
-                .collect();
-            if !lags.is_empty() && lags.iter().all(|l| l.ends_with(" 0")) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the other member's lag never came to 0: {lags:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        super::wait_lag_zero(&other_metrics);
     });
     frozen.signal("CONT");
     // The event: the thawed member reports its leases gone (their renewal came far too late).

@@ -134,25 +134,7 @@ impl KafkaNode {
     /// A crash: SIGKILL, waiting until the process is gone. An error if it was not running (a
     /// test's fault must really happen).
     pub fn kill(&mut self) -> Result<(), NodeError> {
-        let Some(mut child) = self.child.take() else {
-            return Err(NodeError::failed(
-                format!("killing Kafka node {}", self.id),
-                "it was not running",
-            ));
-        };
-        if !matches!(child.try_wait(), Ok(None)) {
-            return Err(NodeError::failed(
-                format!("killing Kafka node {}", self.id),
-                "it had already exited",
-            ));
-        }
-        child
-            .kill()
-            .map_err(|e| NodeError::failed(format!("killing Kafka node {}", self.id), e))?;
-        child
-            .wait()
-            .map_err(|e| NodeError::failed(format!("killing Kafka node {}", self.id), e))?;
-        Ok(())
+        super::kill_child(self.child.take(), &format!("killing Kafka node {}", self.id))
     }
 
     /// A controlled shutdown (SIGTERM: leadership moves away first), waiting until it exits.

@@ -109,6 +109,20 @@ pub(crate) fn signal(pid: u32, signal: &str, within: Duration) -> Result<(), Nod
     Ok(())
 }
 
+/// SIGKILLs a node's own `child` and reaps it; an error (naming `what`) if there was none or it
+/// had already exited: a test's fault must really happen.
+pub(crate) fn kill_child(child: Option<std::process::Child>, what: &str) -> Result<(), NodeError> {
+    let Some(mut child) = child else {
+        return Err(NodeError::failed(what, "it was not running"));
+    };
+    if !matches!(child.try_wait(), Ok(None)) {
+        return Err(NodeError::failed(what, "it had already exited"));
+    }
+    child.kill().map_err(|e| NodeError::failed(what, e))?;
+    child.wait().map_err(|e| NodeError::failed(what, e))?;
+    Ok(())
+}
+
 /// The last `lines` lines of a log file, for error messages.
 pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -148,25 +148,7 @@ impl NatsServer {
     /// A crash: SIGKILL, waiting until the process is gone. An error if it was not running (a
     /// test's fault must really happen).
     pub fn kill(&mut self) -> Result<(), NodeError> {
-        let Some(mut child) = self.child.take() else {
-            return Err(NodeError::failed(
-                format!("killing {}", self.name),
-                "it was not running",
-            ));
-        };
-        if !matches!(child.try_wait(), Ok(None)) {
-            return Err(NodeError::failed(
-                format!("killing {}", self.name),
-                "it had already exited",
-            ));
-        }
-        child
-            .kill()
-            .map_err(|e| NodeError::failed(format!("killing {}", self.name), e))?;
-        child
-            .wait()
-            .map_err(|e| NodeError::failed(format!("killing {}", self.name), e))?;
-        Ok(())
+        super::kill_child(self.child.take(), &format!("killing {}", self.name))
     }
 
     /// Freezes (`STOP`) or thaws (`CONT`) the process.

@@ -212,8 +212,9 @@ impl Connection {
             }
             #[cfg(feature = "kafka")]
             Backend::Kafka(config) => {
-                let _ = groups; // a Kafka group's offsets go with the topic
-                                // A dead-letter topic is a topic like any on Kafka: its checkpoints go with it.
+                // A group's offsets go with the topic; a dead-letter topic is a topic like any
+                // on Kafka, and its checkpoints go with it.
+                let _ = groups;
                 kafka_delete_with_checkpoints(config, topic).await
             }
             #[cfg(feature = "amqp")]
