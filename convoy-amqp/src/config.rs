@@ -282,7 +282,7 @@ impl AmqpConfig {
                 ),
             ));
         }
-        let longest = crate::topology::owner_lock(topic, &self.group, self.partitions.saturating_sub(1));
+        let longest = crate::names::owner_lock(topic, &self.group, self.partitions.saturating_sub(1));
         if longest.len() > MAX_NAME {
             return Err(ConfigError::invalid(
                 field,

@@ -47,9 +47,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use convoy_core::dead_letter::DL_CAUSE;
+use convoy_core::dead_letter::{ReadBack, ReadMark};
 use convoy_core::parking::CAUSE_END;
 use convoy_core::partitioner::partition_for_key;
-use convoy_core::transport::{BatchSender, ReadBack, ReadMark};
+use convoy_core::transport::BatchSender;
 use convoy_core::{
     DeadLetter, DeadLetterSink, Headers, Message, OutgoingMessage, Receipt, SourceId, TransportError,
 };
@@ -58,11 +59,11 @@ use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Mutex;
 
-use crate::admin::Start;
 use crate::config::AmqpConfig;
 use crate::connect::connect;
 use crate::convert::{to_field_table, KEY_HEADER};
 use crate::error::broker;
+use crate::stream::Start;
 
 use crate::topology;
 
@@ -403,13 +404,13 @@ impl AmqpDeadLetterSink {
         self.publisher.send_one(&marker).await?;
         let is_end = |m: &Message| m.key.as_deref() == Some(end.as_bytes());
         let (config, stream) = (&self.publisher.config, &self.publisher.target);
-        let fence = || crate::admin::End::Fence(&is_end, READ_BACK_LIMIT);
+        let fence = || crate::stream::End::Fence(&is_end, READ_BACK_LIMIT);
         let mut restarted = false;
         let from = match start {
             None | Some(0) => Start::First,
             Some(start) => {
                 // A stream read from past its end waits for that offset: learn the end first.
-                let (_, at) = crate::admin::read_stream_to(config, stream, Start::Last, fence()).await?;
+                let (_, at) = crate::stream::read_stream_to(config, stream, Start::Last, fence()).await?;
                 restarted = at.is_some_and(|at| at < start);
                 match restarted {
                     true => Start::First,
@@ -417,7 +418,7 @@ impl AmqpDeadLetterSink {
                 }
             }
         };
-        let (records, end) = crate::admin::read_stream_to(config, stream, from, fence()).await?;
+        let (records, end) = crate::stream::read_stream_to(config, stream, from, fence()).await?;
         let records = records
             .into_iter()
             .filter(|m| m.headers.get_str(DL_CAUSE) != Some(CAUSE_END))

@@ -125,7 +125,7 @@ pub fn tell_if_new_group(topic: &str, group: &str, declared: &topology::Declared
 
 /// Every topic the registry knows, by name.
 pub async fn list(config: &AmqpConfig) -> Result<Vec<Topic>, TransportError> {
-    let records = crate::admin::read_stream(config, REGISTRY, READ_IDLE).await?;
+    let records = crate::stream::read_stream(config, REGISTRY, READ_IDLE).await?;
     Ok(fold(records.iter().map(|m| &m.payload)))
 }
 

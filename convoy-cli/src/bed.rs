@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use convoy::transport::{PrefetchLimit, Subscription};
 use convoy::{unique_suffix, ConnectError, Connection, DeadLetterSink, Publisher, Transport, TransportError};
-use convoy_testkit::scenario::{RecordCheck, ScenarioBed};
+use convoy_bench::scenario::{RecordCheck, ScenarioBed};
 
 /// A benchmark topic on a connection's broker (fresh, or filled beforehand), with a group and a
 /// dead-letter topic of its own.

@@ -1,4 +1,4 @@
-//! `convoy bench`: a scenario of convoy-testkit's runner on a fresh topic of the URL's broker
+//! `convoy bench`: a scenario of convoy-bench's runner on a fresh topic of the URL's broker
 //! (or on a Kafka topic filled beforehand, `--prefilled-topic`), a progress bar while it runs,
 //! then the result table (or one JSON object).
 
@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use crate::bed::ConnectionBed;
 use clap::ValueEnum;
 use convoy::ConnectConfig;
-use convoy_testkit::probe::Latency;
-use convoy_testkit::scenario::{
+use convoy_bench::probe::Latency;
+use convoy_bench::scenario::{
     run as run_scenario, seed_load, seed_reference, seed_retry, Load, Scenario, ScenarioReport,
     SEED_HELD_RATE,
 };
@@ -101,7 +101,7 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
 ///
 /// `seed` runs twice: unthrottled for the throughput, then at the seed's own pace for the
 /// latency (unless `--rate` already holds one), and shows the seed's figures beside both.
-pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::CliResult {
+pub async fn run(config: &ConnectConfig, args: &BenchArgs) -> crate::outcome::CliResult {
     let scenario = scenario(args)?;
     let connection = connect(config).await?;
     let seed = args.scenario == ScenarioName::Seed;

@@ -125,7 +125,7 @@ struct Started {
     stdout_closed: Arc<tokio::sync::Notify>,
 }
 
-pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult {
+pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::outcome::CliResult {
     // Listening before anything else: a signal while connecting or joining stops the start
     // cleanly (nothing was handled, nothing is to be committed), and from then on no signal is
     // lost (see `StopSignals`).
@@ -145,7 +145,7 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::CliResult
 }
 
 /// Connects, builds the engine and starts it.
-async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, crate::CliError> {
+async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, crate::outcome::CliError> {
     let connection = connect(config).await?;
     if connection.endpoint().topics.is_empty() {
         return Err("name the topics to consume with --topic (or ?topics= in the URL)".into());
@@ -258,7 +258,7 @@ async fn until_stopped(
     stopper: convoy::Stopper,
     stdout_closed: Arc<tokio::sync::Notify>,
     mut signals: StopSignals,
-) -> crate::CliResult {
+) -> crate::outcome::CliResult {
     let join = running.join();
     tokio::pin!(join);
     let mut aborted_by = None;

@@ -12,7 +12,7 @@ use crate::settings::connect;
 /// Longest error text shown in the list.
 const ERROR_WIDTH: usize = 60;
 
-pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::CliResult {
+pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::outcome::CliResult {
     let connection = connect(config).await?;
     topics_exist(&connection).await?;
     let group = connection.endpoint().group.clone();

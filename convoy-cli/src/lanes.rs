@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::cli::LanesArgs;
 use crate::out::{out, out_part};
 
-pub async fn run(args: &LanesArgs) -> crate::CliResult {
+pub async fn run(args: &LanesArgs) -> crate::outcome::CliResult {
     let addr = host_port(&args.addr);
     loop {
         let body = fetch(addr, &format!("/lanes?top={}", args.top)).await?;

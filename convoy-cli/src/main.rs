@@ -9,6 +9,7 @@ mod dlq;
 mod lanes;
 mod metrics_server;
 mod out;
+mod outcome;
 mod produce;
 mod settings;
 mod topic;
@@ -18,36 +19,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::cli::{Cli, Command};
-
-/// How a command ended.
-type CliResult = Result<ExitCode, CliError>;
-
-/// Why a command ended early.
-#[derive(Debug)]
-enum CliError {
-    /// A failure: one line for the user, exit status 1.
-    Failed(String),
-    /// Its reader closed stdout (`| head`): nothing more to show, exit status 0.
-    StdoutClosed,
-}
-
-impl From<String> for CliError {
-    fn from(message: String) -> Self {
-        CliError::Failed(message)
-    }
-}
-
-impl From<&str> for CliError {
-    fn from(message: &str) -> Self {
-        CliError::Failed(message.to_owned())
-    }
-}
-
-impl From<out::StdoutClosed> for CliError {
-    fn from(_: out::StdoutClosed) -> Self {
-        CliError::StdoutClosed
-    }
-}
+use crate::outcome::{CliError, CliResult};
 
 /// What is logged unless `RUST_LOG` says otherwise: a consumer's lifecycle (joined, sources
 /// assigned and revoked, outages and recoveries, dead letters) at INFO; warnings elsewhere.

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use base64::Engine as _;
 use convoy::{ConnectConfig, OutgoingMessage, TopicSpec};
-use convoy_testkit::scenario::prefill;
-use convoy_testkit::OrderChecker;
+use convoy_bench::scenario::prefill;
+use convoy_bench::OrderChecker;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 
 use crate::cli::{PayloadEncoding, ProduceArgs};
@@ -17,7 +17,7 @@ use crate::settings::connect;
 /// Messages published per confirmed batch.
 const BATCH: usize = 1_000;
 
-pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::CliResult {
+pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::outcome::CliResult {
     if args.separator.is_empty() {
         return Err("--separator must not be empty".into());
     }

@@ -9,7 +9,7 @@ use crate::cli::TopicCommand;
 use crate::out::out;
 use crate::settings::connect;
 
-pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::CliResult {
+pub async fn run(config: &ConnectConfig, command: TopicCommand) -> crate::outcome::CliResult {
     let connection = connect(config).await?;
     match command {
         TopicCommand::Create {

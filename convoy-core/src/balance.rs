@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::SourceId;
+use crate::message::SourceId;
 
 /// The shares of `sources` partitions among `members` members.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::retry::{Backoff, Jitter, RetryPolicy};
+use crate::transport::PrefetchLimit;
 
 /// A configuration value was rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -165,11 +166,18 @@ impl Default for BackPressure {
     }
 }
 
+/// By default a transport buffers what the default back-pressure holds.
+impl Default for PrefetchLimit {
+    fn default() -> Self {
+        BackPressure::default().prefetch_limit()
+    }
+}
+
 impl BackPressure {
     /// What a transport may buffer ahead of the engine: as much again as the engine holds at
     /// most, so the client's buffers follow the same configuration.
-    pub fn prefetch_limit(&self) -> crate::transport::PrefetchLimit {
-        crate::transport::PrefetchLimit {
+    pub fn prefetch_limit(&self) -> PrefetchLimit {
+        PrefetchLimit {
             messages: self.total_high,
             bytes: self.total_bytes_high,
         }
@@ -335,8 +343,8 @@ impl EngineConfig {
                 "must not be blank (leave it empty to take the transport's)",
             ));
         }
-        self.retry.validate("retry")?;
-        self.dead_letter_backoff.validate("dead_letter_backoff")?;
+        validate_retry(&self.retry, "retry")?;
+        validate_backoff(&self.dead_letter_backoff, "dead_letter_backoff")?;
         if self.dead_letter_backoff.base.is_zero() {
             return Err(ConfigError::invalid(
                 "dead_letter_backoff.base",
@@ -415,6 +423,41 @@ impl EngineConfig {
     }
 }
 
+/// Checks a backoff; the error names `field`'s bad part.
+fn validate_backoff(backoff: &Backoff, field: &str) -> Result<(), ConfigError> {
+    if !(backoff.factor.is_finite() && backoff.factor >= 1.0) {
+        return Err(ConfigError::invalid(
+            format!("{field}.factor"),
+            format!("must be a finite number ≥ 1, got {}", backoff.factor),
+        ));
+    }
+    if backoff.cap < backoff.base {
+        return Err(ConfigError::invalid(
+            format!("{field}.cap"),
+            format!("must be ≥ base ({:?}), got {:?}", backoff.base, backoff.cap),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a retry policy; the error names `field`'s bad part.
+fn validate_retry(policy: &RetryPolicy, field: &str) -> Result<(), ConfigError> {
+    validate_backoff(&policy.backoff, &format!("{field}.backoff"))?;
+    if policy.max_attempts == Some(0) {
+        return Err(ConfigError::invalid(
+            format!("{field}.max_attempts"),
+            "must be ≥ 1 (the first try counts); for no limit, None (in settings: \"unlimited\")",
+        ));
+    }
+    if policy.attempt_timeout == Some(Duration::ZERO) {
+        return Err(ConfigError::invalid(
+            format!("{field}.attempt_timeout"),
+            "must be > 0, or None for no timeout",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +506,27 @@ mod tests {
             assert_eq!(redact_userinfo(url), shown, "{url}");
             assert!(!redact_userinfo(url).contains("ss@"), "{url}");
         }
+    }
+
+    #[test]
+    fn retry_validation_names_the_field() {
+        let p = RetryPolicy {
+            backoff: Backoff {
+                factor: 0.5,
+                ..Backoff::default()
+            },
+            ..RetryPolicy::default()
+        };
+        let err = validate_retry(&p, "retry").unwrap_err();
+        assert_eq!(err.field(), "retry.backoff.factor");
+        let p = RetryPolicy {
+            max_attempts: Some(0),
+            ..RetryPolicy::default()
+        };
+        assert_eq!(
+            validate_retry(&p, "retry").unwrap_err().field(),
+            "retry.max_attempts"
+        );
     }
 
     #[test]

@@ -12,26 +12,10 @@ use bytes::Bytes;
 use crate::message::{Headers, Message, OutgoingMessage};
 use crate::transport::TransportError;
 
-/// Header: why the message was dead-lettered (see [`DeadLetterCause`]).
-pub const DL_CAUSE: &str = "convoy-dl-cause";
-/// Header: the handler's error class (`transient`, `terminal`, `malformed`, `panic`, `stuck`).
-pub const DL_ERROR_CLASS: &str = "convoy-dl-error-class";
-/// Header: the last error's text.
-pub const DL_ERROR: &str = "convoy-dl-error";
-/// Header: how many attempts were made.
-pub const DL_ATTEMPTS: &str = "convoy-dl-attempts";
-/// Header: first failure, milliseconds since the Unix epoch.
-pub const DL_FIRST_FAILURE_MS: &str = "convoy-dl-first-failure-ms";
-/// Header: last failure, milliseconds since the Unix epoch.
-pub const DL_LAST_FAILURE_MS: &str = "convoy-dl-last-failure-ms";
-/// Header: the source the message was read from.
-pub const DL_SOURCE: &str = "convoy-dl-source";
-/// Header: its offset there.
-pub const DL_OFFSET: &str = "convoy-dl-offset";
-/// Header: the consumer group that gave up on it.
-pub const DL_GROUP: &str = "convoy-dl-group";
-/// Header on a replayed message: the dead letter it came from (`source@offset`).
-pub const REPLAYED_FROM: &str = "convoy-replayed-from";
+pub use crate::header_names::{
+    DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_FIRST_FAILURE_MS, DL_GROUP, DL_LAST_FAILURE_MS,
+    DL_OFFSET, DL_SOURCE, REPLAYED_FROM,
+};
 
 /// The message that replays the dead-letter `record` (as read from its destination): its
 /// original key, payload and headers, the reason headers removed, event id
@@ -42,20 +26,25 @@ pub fn replay_message(record: &Message) -> OutgoingMessage {
     let position = format!("{}@{}", record.source, record.offset);
     let mut headers = Headers::new();
     for (name, value) in record.headers.iter() {
-        if !name.starts_with("convoy-dl-") && name != crate::EVENT_ID_HEADER && name != crate::parking::REPLAY
+        if !name.starts_with("convoy-dl-")
+            && name != crate::header_names::EVENT_ID_HEADER
+            && name != crate::header_names::REPLAY
         {
             headers.append(name, value.clone());
         }
     }
     let original_id = record
         .headers
-        .get_str(crate::EVENT_ID_HEADER)
+        .get_str(crate::header_names::EVENT_ID_HEADER)
         .map(str::to_owned)
         .unwrap_or_else(|| {
             let h = |name| record.headers.get_str(name).unwrap_or("?");
             format!("{}@{}", h(DL_SOURCE), h(DL_OFFSET))
         });
-    headers.insert(crate::EVENT_ID_HEADER, format!("{original_id}/replay/{position}"));
+    headers.insert(
+        crate::header_names::EVENT_ID_HEADER,
+        format!("{original_id}/replay/{position}"),
+    );
     headers.insert(REPLAYED_FROM, position);
     OutgoingMessage {
         key: record.key.clone(),
@@ -162,7 +151,7 @@ impl DeadLetter {
         h.insert(DL_OFFSET, self.message.offset.to_string());
         h.insert(DL_GROUP, r.group.clone());
         if r.parks_key {
-            h.insert(crate::parking::DL_PARKS, "key");
+            h.insert(crate::header_names::DL_PARKS, "key");
         }
         h
     }

@@ -5,6 +5,7 @@
 //! pass an unfinished message. No broker code lives here; adapters implement [`transport`].
 //!
 //! The data path, by module:
+//! - [`header_names`]: the names of the headers convoy writes, a leaf;
 //! - [`message`]: keys, payloads, headers, sources, offsets, event ids;
 //! - [`partitioner`]: key → partition, the same (Kafka's murmur2) for every broker;
 //! - [`transport`]: the contract adapters implement (subscription events, pause/resume,
@@ -33,6 +34,7 @@ pub mod config;
 pub mod dead_letter;
 pub mod engine;
 pub mod handler;
+pub mod header_names;
 pub mod idempotency;
 pub mod message;
 pub mod metrics;
@@ -40,6 +42,8 @@ pub mod offset_map;
 pub mod parking;
 pub mod partitioner;
 pub mod retry;
+mod spares;
+mod stamp;
 pub mod trace_context;
 pub mod transform;
 pub mod transport;

@@ -8,12 +8,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use smallvec::SmallVec;
 
+pub use crate::header_names::EVENT_ID_HEADER;
+
 /// A message's position in its source: a Kafka offset, an AMQP delivery tag, a JetStream
 /// stream sequence. Offsets grow within one ownership of a source but need not be consecutive.
 pub type Offset = u64;
-
-/// Header carrying a stable event id; when absent the id is derived from source and offset.
-pub const EVENT_ID_HEADER: &str = "convoy-event-id";
 
 /// The unit a broker orders and acknowledges by position (a topic-partition, a queue on
 /// one channel, a partition consumer). Cheap to clone.
@@ -61,16 +60,16 @@ impl fmt::Debug for SourceId {
 /// of every message a transport converts.
 const KNOWN_NAMES: &[&str] = &[
     EVENT_ID_HEADER,
-    crate::trace_context::TRACEPARENT,
-    crate::dead_letter::DL_CAUSE,
-    crate::dead_letter::DL_ERROR_CLASS,
-    crate::dead_letter::DL_ERROR,
-    crate::dead_letter::DL_ATTEMPTS,
-    crate::dead_letter::DL_FIRST_FAILURE_MS,
-    crate::dead_letter::DL_LAST_FAILURE_MS,
-    crate::dead_letter::DL_SOURCE,
-    crate::dead_letter::DL_OFFSET,
-    crate::dead_letter::DL_GROUP,
+    crate::header_names::TRACEPARENT,
+    crate::header_names::DL_CAUSE,
+    crate::header_names::DL_ERROR_CLASS,
+    crate::header_names::DL_ERROR,
+    crate::header_names::DL_ATTEMPTS,
+    crate::header_names::DL_FIRST_FAILURE_MS,
+    crate::header_names::DL_LAST_FAILURE_MS,
+    crate::header_names::DL_SOURCE,
+    crate::header_names::DL_OFFSET,
+    crate::header_names::DL_GROUP,
 ];
 
 /// Headers kept inside the message itself; more take one allocation. Two is what convoy's own
@@ -324,27 +323,6 @@ impl OutgoingMessage {
     /// Sets the stable event id used for duplicate detection.
     pub fn event_id(self, id: impl Into<Bytes>) -> Self {
         self.header(EVENT_ID_HEADER, id)
-    }
-
-    /// Gives the message what every convoy publisher adds unless it is there already: a fresh
-    /// event id (128 random bits as hex) and a root trace context (`traceparent`).
-    pub fn stamp(&mut self) {
-        if self.headers.get(EVENT_ID_HEADER).is_none() {
-            let mut rng = fastrand::Rng::new();
-            self.headers.insert(
-                EVENT_ID_HEADER,
-                format!("{:016x}{:016x}", rng.u64(..), rng.u64(..)),
-            );
-        }
-        if crate::TraceContext::extract(&self.headers).is_none() {
-            // Inside a span an OpenTelemetry layer records, that span is the message's parent.
-            #[cfg(feature = "opentelemetry")]
-            let context =
-                crate::TraceContext::of_current_span().unwrap_or_else(crate::TraceContext::new_root);
-            #[cfg(not(feature = "opentelemetry"))]
-            let context = crate::TraceContext::new_root();
-            context.inject(&mut self.headers);
-        }
     }
 }
 

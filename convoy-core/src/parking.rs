@@ -50,23 +50,11 @@ use crate::dead_letter::{
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
 use crate::transport::{Publisher, Receipt, TransportError};
 
-/// Header on a dead letter that parked its key (value `key`).
-pub const DL_PARKS: &str = "convoy-dl-parks";
-/// Header on a replayed message, `<replay id> <index>/<count>` (index from 1); on a replay
-/// marker, `<replay id> 0/<count>`.
-pub const REPLAY: &str = "convoy-replay";
-/// Header on a replay marker: where the destination holds the records it re-publishes
-/// (`source@offset`, comma-separated), in order.
-pub const REPLAY_OF: &str = "convoy-replay-of";
-/// Header on a record of a parked key: what its message is known by (its event id, or
-/// `source@offset` where offsets are positions); absent when nothing identifies it.
-pub const DL_PARK_ID: &str = "convoy-dl-park-id";
+pub use crate::header_names::{DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_PART};
+
 /// The cause of an end marker: a record that only says how far a read-back must read, for a
 /// destination with no end to read to (a RabbitMQ stream).
 pub const CAUSE_END: &str = "read-back-end";
-/// Header on a replay-done marker: the topic whose part of the replay ended (a key's messages
-/// on several topics are replayed to each, and each topic's copies end in their own order).
-pub const REPLAY_PART: &str = "convoy-replay-part";
 
 /// True for the records of a dead-letter destination that are markers, not messages (replay,
 /// replay-done, end): listings and replays skip them.

@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use crate::config::ConfigError;
-
 /// How randomness spreads retry delays so failing keys do not retry in lockstep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Jitter {
@@ -74,22 +72,6 @@ impl Backoff {
                 half.saturating_add(scale(half, rng.f64()))
             }
         }
-    }
-
-    pub(crate) fn validate(&self, field: &str) -> Result<(), ConfigError> {
-        if !(self.factor.is_finite() && self.factor >= 1.0) {
-            return Err(ConfigError::invalid(
-                format!("{field}.factor"),
-                format!("must be a finite number ≥ 1, got {}", self.factor),
-            ));
-        }
-        if self.cap < self.base {
-            return Err(ConfigError::invalid(
-                format!("{field}.cap"),
-                format!("must be ≥ base ({:?}), got {:?}", self.base, self.cap),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -168,23 +150,6 @@ impl RetryPolicy {
                 .max_elapsed
                 .is_some_and(|max| since_first_failure.saturating_add(next_delay) > max)
     }
-
-    pub(crate) fn validate(&self, field: &str) -> Result<(), ConfigError> {
-        self.backoff.validate(&format!("{field}.backoff"))?;
-        if self.max_attempts == Some(0) {
-            return Err(ConfigError::invalid(
-                format!("{field}.max_attempts"),
-                "must be ≥ 1 (the first try counts); for no limit, None (in settings: \"unlimited\")",
-            ));
-        }
-        if self.attempt_timeout == Some(Duration::ZERO) {
-            return Err(ConfigError::invalid(
-                format!("{field}.attempt_timeout"),
-                "must be > 0, or None for no timeout",
-            ));
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -260,23 +225,5 @@ mod tests {
             let ceiling = b.ceiling(retry);
             assert!(b.delay(retry, &mut rng) <= ceiling);
         }
-    }
-
-    #[test]
-    fn validation_names_the_field() {
-        let p = RetryPolicy {
-            backoff: Backoff {
-                factor: 0.5,
-                ..Backoff::default()
-            },
-            ..RetryPolicy::default()
-        };
-        let err = p.validate("retry").unwrap_err();
-        assert_eq!(err.field(), "retry.backoff.factor");
-        let p = RetryPolicy {
-            max_attempts: Some(0),
-            ..RetryPolicy::default()
-        };
-        assert_eq!(p.validate("retry").unwrap_err().field(), "retry.max_attempts");
     }
 }

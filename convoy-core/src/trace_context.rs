@@ -5,8 +5,7 @@ use std::fmt;
 
 use crate::message::Headers;
 
-/// The header name defined by W3C Trace Context.
-pub const TRACEPARENT: &str = "traceparent";
+pub use crate::header_names::TRACEPARENT;
 
 /// A parsed `traceparent`: version 00, trace id, parent span id, flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use convoy_core::transport::{BatchSender, ReadBack, ReadMark};
+use convoy_core::dead_letter::{ReadBack, ReadMark};
+use convoy_core::transport::BatchSender;
 use convoy_core::{DeadLetter, DeadLetterSink, Headers, Message, OutgoingMessage, Receipt, TransportError};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;

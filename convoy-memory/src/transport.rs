@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use convoy_core::dead_letter::{ReadBack, ReadMark};
 use convoy_core::transform::{Outbox, StagingOutbox, DEFAULT_MAX_TRANSACTION_BYTES};
-use convoy_core::transport::{Commit, PrefetchLimit, ReadBack, ReadMark, SourceControl, Subscription};
+use convoy_core::transport::{Commit, PrefetchLimit, SourceControl, Subscription};
 use convoy_core::{
     DeadLetter, DeadLetterSink, Message, Offset, OutgoingMessage, Publisher, Receipt, SourceId, Transport,
     TransportError,

@@ -42,8 +42,9 @@ use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_trait::async_trait;
 use bytes::Bytes;
+use convoy_core::dead_letter::{ReadBack, ReadMark};
 use convoy_core::partitioner::partition_for_key;
-use convoy_core::transport::{BatchSender, ReadBack, ReadMark};
+use convoy_core::transport::BatchSender;
 use convoy_core::{
     DeadLetter, DeadLetterSink, Message, OutgoingMessage, Receipt, SourceId, TransportError, EVENT_ID_HEADER,
 };

@@ -2,38 +2,16 @@
 //! order), then acts as the seed says — succeed, fail transiently or terminally, panic, or hang
 //! until the world heals. A call that is cancelled (its future dropped) ends in the ledger too.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use convoy_core::transform::{Output, Transform};
 use convoy_core::{Delivery, Handler, HandlerError, OutgoingMessage};
 
-use crate::faults::{Act, Behaviour};
-use crate::ledger::{Call, Identity, Ledger};
-use crate::world::DLQ;
-use convoy_memory::MemoryBroker;
-
-/// What every member's handler shares.
-pub struct Shared {
-    pub ledger: Mutex<Ledger>,
-    pub behaviour: Behaviour,
-    /// The broker, whose dead-letter destination the ledger reads before every check.
-    pub broker: MemoryBroker,
-}
-
-impl Shared {
-    pub fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The ledger, with every dead letter published so far read into it.
-    pub fn ledger_now(&self) -> std::sync::MutexGuard<'_, Ledger> {
-        let records = self.broker.read_all(DLQ);
-        let mut ledger = self.ledger();
-        ledger.read_dead_letters(&records);
-        ledger
-    }
-}
+use crate::faults::Act;
+use crate::ledger::{Call, Identity};
+use crate::plan::OUT;
+use crate::shared::Shared;
 
 /// The text of a panic the simulator plans (its panic hook keeps it quiet).
 pub const PLANNED_PANIC: &str = "simulated handler panic";
@@ -58,9 +36,6 @@ impl Drop for Running {
         }
     }
 }
-
-/// The topic a transforming world's outputs go to.
-pub const OUT: &str = "sim.out";
 
 #[async_trait]
 impl Handler for SimHandler {

@@ -14,7 +14,9 @@
 //! By job:
 //! - [`plan`]: what a seed decides up front (the world's shape, swarm-chosen faults);
 //! - [`world`]: the world and its steps;
-//! - [`faults`]: the dead-letter destination's and the handler's faults;
+//! - [`faults`]: the handler's faults;
+//! - [`sink`]: the dead-letter destination under faults;
+//! - [`shared`]: what members' handlers and sinks share (the ledger, the faults, the broker);
 //! - [`handler`]: the simulated handler, recording every call;
 //! - [`ledger`]: what happened, and the invariants checked as it happens;
 //! - [`oracle`]: the invariants checked against the broker after each step and at the end;
@@ -31,6 +33,8 @@ pub mod logs;
 pub mod oracle;
 pub mod plan;
 pub mod run;
+pub mod shared;
+pub mod sink;
 pub mod trace;
 pub mod world;
 

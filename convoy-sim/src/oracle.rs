@@ -9,12 +9,28 @@ use convoy_core::dead_letter::{DL_CAUSE, DL_ERROR, DL_OFFSET, DL_SOURCE};
 use convoy_core::StatsSnapshot;
 use convoy_memory::broker::EVENT_CAPACITY;
 
-use crate::handler::OUT;
+use convoy_core::SourceId;
+use convoy_memory::MemoryBroker;
+
 use crate::ledger::{show, Identity, Ledger};
-use crate::world::{World, DLQ, GROUP};
+use crate::plan::{Plan, DLQ, GROUP, OUT};
+use crate::shared::Shared;
+
+/// What the oracle looks at: the world's plan, its broker, and what its members recorded.
+pub struct Scene<'a> {
+    pub plan: &'a Plan,
+    pub broker: &'a MemoryBroker,
+    pub shared: &'a Shared,
+}
+
+impl Scene<'_> {
+    fn sources(&self) -> Vec<SourceId> {
+        self.plan.sources()
+    }
+}
 
 /// After a step: commits, revoke deadlines, memory, exactly-once outputs.
-pub fn check_step(world: &World, members: &[(usize, StatsSnapshot)]) {
+pub fn check_step(world: &Scene<'_>, members: &[(usize, StatsSnapshot)]) {
     let dead_letters = world.broker.read_all(DLQ);
     let mut ledger = world.shared.ledger();
     ledger.read_dead_letters(&dead_letters);
@@ -86,7 +102,7 @@ pub fn check_step(world: &World, members: &[(usize, StatsSnapshot)]) {
 
 /// Exactly-once outputs: every input record's output committed at most once, and none for an
 /// input record that was dead-lettered or set aside.
-fn check_outputs(world: &World, dead_letters: &[convoy_core::Message], ledger: &mut Ledger) {
+fn check_outputs(world: &Scene<'_>, dead_letters: &[convoy_core::Message], ledger: &mut Ledger) {
     let mut per_record: BTreeMap<String, usize> = BTreeMap::new();
     for output in world.broker.read_all(OUT) {
         let text = String::from_utf8_lossy(&output.payload).into_owned();
@@ -123,7 +139,7 @@ fn check_outputs(world: &World, dead_letters: &[convoy_core::Message], ledger: &
 
 /// At the end of a transforming world: every message handled has its output committed (as
 /// itself or as a replay's copy).
-fn check_outputs_complete(world: &World, ledger: &mut Ledger) {
+fn check_outputs_complete(world: &Scene<'_>, ledger: &mut Ledger) {
     let with_output: BTreeSet<u64> = world
         .broker
         .read_all(OUT)
@@ -155,7 +171,7 @@ fn handled_as_duplicate(ledger: &crate::ledger::Ledger, identity: &Identity) -> 
 }
 
 /// True once every source's committed position is past its last record.
-pub fn committed_everything(world: &World) -> bool {
+pub fn committed_everything(world: &Scene<'_>) -> bool {
     let sources = world.sources();
     let last = world.broker.last_offsets(&sources);
     sources.iter().zip(last).all(|(source, last)| match last {
@@ -168,7 +184,7 @@ pub fn committed_everything(world: &World) -> bool {
 }
 
 /// At the end, once the world healed and settled.
-pub fn check_end(world: &World) {
+pub fn check_end(world: &Scene<'_>) {
     let dead_letters = world.broker.read_all(DLQ);
     let parked = convoy_core::parking::ParkedKeys::read(GROUP, &dead_letters);
     let committed = committed_everything(world);
@@ -238,7 +254,7 @@ pub fn check_end(world: &World) {
 
 /// Traces every record of the dead-letter destination (with `SIMDLQ` set): for a reader of a
 /// failing seed.
-pub fn dump_dead_letters(world: &World) {
+pub fn dump_dead_letters(world: &Scene<'_>) {
     if std::env::var("SIMDLQ").is_err() {
         return;
     }

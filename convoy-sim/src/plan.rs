@@ -5,7 +5,14 @@
 use std::fmt;
 use std::time::Duration;
 
-use convoy_core::{Drain, KeylessPolicy};
+use convoy_core::{Drain, KeylessPolicy, SourceId};
+
+/// The consumer group every member joins.
+pub const GROUP: &str = "sim";
+/// The dead-letter destination.
+pub const DLQ: &str = "sim.dlq";
+/// The topic a transforming world's outputs go to.
+pub const OUT: &str = "sim.out";
 
 /// A topic of the world.
 #[derive(Clone, Debug)]
@@ -90,6 +97,16 @@ pub struct Plan {
     pub source_high: usize,
     pub total_high: usize,
     pub rates: Rates,
+}
+
+impl Plan {
+    /// Every source of the consumed topics.
+    pub fn sources(&self) -> Vec<SourceId> {
+        self.topics
+            .iter()
+            .flat_map(|t| (0..t.partitions).map(|q| SourceId::partition(&t.name, q)))
+            .collect()
+    }
 }
 
 impl Plan {

@@ -6,9 +6,10 @@
 use std::sync::{Arc, Mutex};
 
 use crate::faults::Behaviour;
-use crate::handler::{Shared, PLANNED_PANIC};
+use crate::handler::PLANNED_PANIC;
 use crate::ledger::Ledger;
 use crate::plan::Plan;
+use crate::shared::Shared;
 use crate::trace::Trace;
 use crate::world::World;
 use convoy_memory::MemoryBroker;

@@ -17,14 +17,12 @@ use convoy_memory::{MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryT
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::faults::{FaultySink, SinkFaults};
-use crate::handler::{Shared, SimHandler, OUT};
+use crate::handler::SimHandler;
 use crate::ledger::{show, Produced};
-use crate::oracle;
-use crate::plan::Plan;
-
-pub const GROUP: &str = "sim";
-pub const DLQ: &str = "sim.dlq";
+use crate::oracle::{self, Scene};
+use crate::plan::{Plan, DLQ, GROUP, OUT};
+use crate::shared::Shared;
+use crate::sink::{FaultySink, SinkFaults};
 
 /// A member of the group: a running engine.
 struct Member {
@@ -375,7 +373,7 @@ impl World {
             tokio::time::sleep(pause).await;
             self.check();
             if self.failed() {
-                oracle::dump_dead_letters(&self);
+                oracle::dump_dead_letters(&self.scene());
                 return; // the trace ends at the first violation
             }
         }
@@ -484,11 +482,16 @@ impl World {
 
     /// Every source of the consumed topics.
     pub fn sources(&self) -> Vec<SourceId> {
-        self.plan
-            .topics
-            .iter()
-            .flat_map(|t| (0..t.partitions).map(|p| SourceId::partition(&t.name, p)))
-            .collect()
+        self.plan.sources()
+    }
+
+    /// What the oracle looks at.
+    fn scene(&self) -> Scene<'_> {
+        Scene {
+            plan: &self.plan,
+            broker: &self.broker,
+            shared: &self.shared,
+        }
     }
 
     /// The invariants against the broker, after a step.
@@ -525,7 +528,7 @@ impl World {
         self.stopping.retain(|s| !s.task.is_finished());
         let held: Vec<(usize, convoy_core::StatsSnapshot)> =
             self.members.iter().map(|m| (m.index, m.handle.stats())).collect();
-        oracle::check_step(self, &held);
+        oracle::check_step(&self.scene(), &held);
     }
 
     /// Traces what each member holds (its longest-running and most-queued lanes, its sources):
@@ -576,7 +579,7 @@ impl World {
             if now > give_up {
                 break;
             }
-            if !oracle::committed_everything(self) || !self.stopping.is_empty() {
+            if !oracle::committed_everything(&self.scene()) || !self.stopping.is_empty() {
                 quiet_since = None;
                 continue;
             }
@@ -597,10 +600,10 @@ impl World {
                 self.replay(None).await;
             }
         }
-        if !oracle::committed_everything(self) {
+        if !oracle::committed_everything(&self.scene()) {
             self.dump_lanes().await;
         }
-        oracle::check_end(self);
+        oracle::check_end(&self.scene());
         for member in std::mem::take(&mut self.members) {
             let _ = member.handle.stop().await;
         }

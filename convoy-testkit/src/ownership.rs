@@ -8,7 +8,8 @@ use convoy_core::{EngineHandle, Transport};
 
 use crate::checker::OrderChecker;
 use crate::conformance::{test_config, TestBed};
-use crate::probe::{publish_load, start_probe_engine};
+use crate::probe::publish_load;
+use crate::support::start_probe_engine;
 
 const LIMIT: Duration = Duration::from_secs(60);
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use convoy_core::{DeadLetterSink, EngineHandle, OutgoingMessage, Publisher, Transport};
 
 use crate::conformance::{stop, test_config};
-use crate::probe::{probe_batch, start_probe_engine};
+use crate::probe::probe_batch;
+use crate::support::start_probe_engine;
 use crate::OrderChecker;
 
 /// Keys, chunks and messages per chunk of the load.

@@ -6,9 +6,13 @@
 use std::future::Future;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
+use convoy_core::{DeadLetterSink, Engine, EngineConfig, EngineHandle, Transport};
 use tokio::time::Instant;
+
+use crate::{OrderChecker, ProbeHandler, RecordingSink};
 
 /// A file of the repository, by its path from the repository's root (`scripts/interop/x.py`).
 ///
@@ -113,6 +117,29 @@ where
             return Ok(all);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts an engine on `transport` whose handler is a [`ProbeHandler`] recording into
+/// `checker`, its dead letters going to `sink` and recorded into `checker` too; panics if it
+/// cannot start (what every scenario that runs whole members needs).
+pub(crate) async fn start_probe_engine(
+    transport: &dyn Transport,
+    sink: Arc<dyn DeadLetterSink>,
+    config: EngineConfig,
+    checker: &Arc<OrderChecker>,
+) -> EngineHandle {
+    let engine = match Engine::builder(ProbeHandler::new(checker.clone()))
+        .config(config)
+        .dead_letter_sink(RecordingSink::new(sink, checker.clone()))
+        .build()
+    {
+        Ok(engine) => engine,
+        Err(e) => panic!("test engine config rejected: {e}"),
+    };
+    match engine.start(transport).await {
+        Ok(handle) => handle,
+        Err(e) => panic!("an engine could not start: {e}"),
     }
 }
 

@@ -204,90 +204,9 @@ impl Drop for Retrying<'_> {
     }
 }
 
-/// What a lane future does with its message.
-pub(crate) struct Job {
-    pub shard: Arc<ShardContext>,
-    pub message: Arc<Message>,
-    pub task: Task,
-}
-
-pub(crate) enum Task {
-    /// Handle the message (see [`run`]).
-    Handle {
-        /// What may be done with an id derived from the message's position.
-        position_id: PositionId,
-        received: Instant,
-        /// The source's lease, when it is held by one: no attempt starts once it ran out.
-        lease: Option<Lease>,
-    },
-    /// Handle a run: the message and the messages of its key queued behind it (see `run.rs`).
-    /// Boxed, so that a single message's job stays as small as it was.
-    Run(Box<super::run::RunTask>),
-    /// Dead-letter it unhandled with this reason (a stuck message).
-    DeadLetter {
-        reason: Box<DeadLetterReason>,
-        /// The source's lease: nothing is dead-lettered once it ran out.
-        lease: Option<Lease>,
-        /// What may be done with an id derived from its position (its record is known by it).
-        position_id: PositionId,
-    },
-}
-
-/// Runs a job to its end. Handling a message ends handled, skipped as a duplicate, or
-/// dead-lettered (confirmed by the sink), unless the sink fails fatally. Each attempt first
-/// takes one of the engine's call slots (`max_in_flight`).
-pub(crate) async fn run(job: Job) -> Outcome {
-    let Job { shard, message, task } = job;
-    // A transform's input that ends without outputs has none staged: an earlier handling's go.
-    let Some(outbox) = shard.ctx.outbox.clone() else {
-        return run_task(&shard, message, task).await;
-    };
-    let input = message.clone();
-    let outcome = Box::pin(run_task(&shard, message, task)).await;
-    if matches!(outcome, Outcome::DeadLettered | Outcome::Parked) {
-        outbox.discard(&input);
-    }
-    outcome
-}
-
-async fn run_task(shard: &Arc<ShardContext>, message: Arc<Message>, task: Task) -> Outcome {
-    let shard = shard.clone();
-    match task {
-        Task::Handle {
-            position_id,
-            received,
-            lease,
-        } => process(&shard, message, position_id, received, lease.as_ref()).await,
-        // Boxed: a batch handler's path; the state every single message's future carries stays small.
-        Task::Run(run) => Box::pin(super::run::process(&shard, *run)).await,
-        Task::DeadLetter {
-            reason,
-            lease,
-            position_id,
-        } => {
-            // A stuck message that ran already (handled by an earlier assignment, delivered
-            // again and stuck behind its key) is finished, not dead-lettered: a replay of its
-            // dead letter would run it twice.
-            if already_finished(&shard, &message).await {
-                return Outcome::Duplicate;
-            }
-            dead_letter(
-                &shard.ctx,
-                &shard.stats,
-                &message,
-                position_id,
-                *reason,
-                lease.as_ref(),
-                &mut fastrand::Rng::new(),
-            )
-            .await
-        }
-    }
-}
-
 /// True when the idempotency store knows `message`'s header id as finished (counted as a
 /// duplicate). Asked before a message is set aside or dead-lettered unhandled.
-async fn already_finished(shard: &ShardContext, message: &Message) -> bool {
+pub(super) async fn already_finished(shard: &ShardContext, message: &Message) -> bool {
     let id = Remembered::of(shard.ctx.idempotency.as_ref(), message);
     if !id.is_header_id() || !id.seen(PositionId::None).await {
         return false;
@@ -301,7 +220,8 @@ async fn already_finished(shard: &ShardContext, message: &Message) -> bool {
     true
 }
 
-async fn process(
+/// Handles one message at the head of its lane, inside its span.
+pub(super) async fn process(
     shard: &ShardContext,
     message: Arc<Message>,
     position_id: PositionId,
@@ -1003,7 +923,7 @@ async fn publish_dead_letter(
 /// What a message of a parked key is known by: its event id, or where it was read when offsets
 /// are positions (a delivery tag, or an offset rewritten after a reset, names nothing).
 pub(super) fn park_id(message: &Message, position_id: PositionId) -> Option<String> {
-    match message.headers.get_str(crate::EVENT_ID_HEADER) {
+    match message.headers.get_str(crate::header_names::EVENT_ID_HEADER) {
         Some(id) => Some(id.to_owned()),
         None => {
             (position_id == PositionId::Checked).then(|| format!("{}@{}", message.source, message.offset))

@@ -9,6 +9,7 @@
 
 mod inspect;
 mod intake;
+mod job;
 mod lane;
 mod parking;
 #[cfg(test)]
@@ -16,7 +17,6 @@ mod parking_properties;
 mod run;
 mod shard;
 mod slots;
-pub(crate) mod spares;
 mod stats;
 mod tasks;
 
@@ -321,7 +321,7 @@ impl Engine {
                 retrying: Default::default(),
                 finishing: Default::default(),
             };
-            let shard = Shard::new(rx, reports_tx.clone(), context, lane::run, spares.clone());
+            let shard = Shard::new(rx, reports_tx.clone(), context, job::run, spares.clone());
             shard_aborts.push(shard_tasks.spawn(shard.run()));
         }
         let intake = Intake::new(IntakeParts {

@@ -15,12 +15,12 @@ use proptest::prelude::*;
 
 use super::parking::{Gate, Parking};
 use crate::dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
+use crate::header_names::EVENT_ID_HEADER;
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
 use crate::parking::{
     replay_key, resume_replay, ParkedKeys, ParkingChange, ReplayError, DL_PARK_ID, REPLAY, REPLAY_PART,
 };
 use crate::transport::{Publisher, Receipt, TransportError};
-use crate::EVENT_ID_HEADER;
 
 const KEY: &[u8] = b"acct";
 

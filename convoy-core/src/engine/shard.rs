@@ -23,11 +23,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::inspect::{top_by, LaneView};
-use super::lane::{self, Job, Outcome, PositionId, ShardContext, Task};
+use super::job::{Job, Task};
+use super::lane::{Outcome, PositionId, ShardContext};
 use super::run::{RunItem, RunTask};
-use super::spares::Spares;
 use super::tasks::{Ended, LaneTasks};
 use crate::message::Message;
+use crate::spares::Spares;
 use crate::transport::{Lease, TransportError};
 use crate::watermark::Seq;
 
@@ -390,7 +391,7 @@ pub(crate) struct Shard<F> {
 /// Starts lane futures; kept apart from the lane map so both can be borrowed at once.
 struct Launcher<F> {
     tasks: LaneTasks<F>,
-    /// Makes a job's future (`lane::run`: a function, so the future's type is known and it is
+    /// Makes a job's future (`job::run`: a function, so the future's type is known and it is
     /// kept inline in its slot, not boxed).
     make: fn(Job) -> F,
     shard: Arc<ShardContext>,
@@ -1015,7 +1016,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             )
         };
         tracing::error!(source = %message.source, offset = message.offset, ?waited, "message stuck past the stuck timeout; cancelling and dead-lettering it");
-        let reason = lane::stuck_reason(&self.launcher.shard.ctx, waited);
+        let reason = super::lane::stuck_reason(&self.launcher.shard.ctx, waited);
         let launch = Launch {
             hash,
             slot,

@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore, TryAcquireErro
 use tokio::time::Instant;
 
 use super::{Assignment, TransportError};
-use crate::engine::spares::Spares;
 use crate::message::{Message, SourceId};
+use crate::spares::Spares;
 
 /// The engine's acknowledgement that revoked sources were drained and committed.
 #[derive(Debug)]

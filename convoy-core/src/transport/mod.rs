@@ -33,16 +33,15 @@ mod group;
 mod lease;
 mod member;
 mod outage;
+mod outbox;
 
-/// What a dead-letter sink that reads its destination from a mark implements
-/// ([`DeadLetterSink::read_back_after`](crate::DeadLetterSink::read_back_after)).
-pub use crate::dead_letter::{ReadBack, ReadMark};
 pub use batches::BatchSender;
 pub use departure::Departure;
 pub use group::{Ended, GroupLocks, GroupMember, LockLoss, MemberTiming, PartitionReader};
 pub use lease::{Lease, LeaseTerms, Renewal};
 pub use member::{MemberControl, MemberSources};
 pub use outage::{wait_out_outage, JOIN_WITHIN};
+pub use outbox::{Outbox, Output, OutputGuarantee};
 
 pub use events::{
     event_channel, EventReceiver, EventSender, EventsClosed, RevokeAck, SourceEvent, TrySendBatch,
@@ -194,12 +193,6 @@ pub struct PrefetchLimit {
     pub bytes: usize,
 }
 
-impl Default for PrefetchLimit {
-    fn default() -> Self {
-        crate::config::BackPressure::default().prefetch_limit()
-    }
-}
-
 /// Per-source flow control and commits for a subscription.
 #[async_trait]
 pub trait SourceControl: Send + Sync + 'static {
@@ -257,7 +250,7 @@ pub struct Subscription {
     /// Where a transform's outputs go when this subscription's commits carry them (Kafka with a
     /// transactional id); `None` where outputs are simply published (the facade's connection
     /// gives those a [`PublishingOutbox`](crate::transform::PublishingOutbox)).
-    pub outbox: Option<std::sync::Arc<dyn crate::transform::Outbox>>,
+    pub outbox: Option<std::sync::Arc<dyn Outbox>>,
 }
 
 impl Subscription {

@@ -1,5 +1,6 @@
-//! Emptied batch buffers, shared between the intake and the shards. The intake sends messages
-//! to a shard in one vector and the shard reports completions in another; whoever empties a
+//! Emptied batch buffers, shared between who fills and who empties them: a transport's event
+//! channel and the intake, the intake and the shards. The intake sends messages to a shard in
+//! one vector and the shard reports completions in another; whoever empties a
 //! buffer puts it here and whoever fills the next takes it, so no side grows a fresh vector per
 //! batch (that growth — realloc after realloc, then freeing large blocks — was ~10 % of the
 //! engine's instructions per message). One lock per batch, not per message.

@@ -6,7 +6,7 @@
 //! with it measures twice that work, and peers that sleep a thread for 1 ms wait ~1.1 ms.
 //! Real I/O of 1 ms ends on socket readiness, not on a timer tick.
 //!
-//! Here one thread of the testkit keeps the deadlines in a heap and parks until the earliest,
+//! Here one thread keeps the deadlines in a heap and parks until the earliest,
 //! which the kernel ends within its timer slack (50 µs by default). The wait ignores tokio's
 //! paused clock: tests under `tokio::time::pause` use [`Latency::Fixed`](crate::Latency).
 
@@ -62,7 +62,7 @@ impl Timer {
     fn start() -> Option<Timer> {
         let due = Arc::new(Mutex::new(BinaryHeap::<Reverse<Due>>::new()));
         let thread = std::thread::Builder::new()
-            .name("convoy-testkit-timer".into())
+            .name("convoy-timer".into())
             .spawn({
                 let due = due.clone();
                 move || fire_forever(&due)

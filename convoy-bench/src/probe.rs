@@ -16,8 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use convoy_core::{
-    BatchHandler, BatchResults, DeadLetter, DeadLetterSink, Delivery, Engine, EngineConfig, EngineHandle,
-    Handler, HandlerError, Offset, OutgoingMessage, Publisher, Receipt, SourceId, Transport, TransportError,
+    BatchHandler, BatchResults, DeadLetter, DeadLetterSink, Delivery, Handler, HandlerError, Offset,
+    OutgoingMessage, Publisher, Receipt, SourceId, TransportError,
 };
 use tokio::sync::Notify;
 
@@ -171,7 +171,7 @@ pub enum Latency {
     /// Always this long (tokio's timer, not CPU: follows a paused clock, and rounds each wait up
     /// to its next 1 ms tick).
     Fixed(Duration),
-    /// Always this long, on the testkit's exact timer ([`crate::timer`]): what benchmarks
+    /// Always this long, on the exact timer ([`crate::timer`]): what benchmarks
     /// use to model async work. Ignores a paused clock.
     Exact(Duration),
     /// Uniform in `[min, max]`, chosen per message deterministically.
@@ -546,29 +546,6 @@ fn latency(delivery: &Delivery) -> Duration {
     match sent_at(delivery) {
         Some(sent) => Duration::from_micros(unix_micros().saturating_sub(sent)),
         None => delivery.received().elapsed(),
-    }
-}
-
-/// Starts an engine on `transport` whose handler is a [`ProbeHandler`] recording into
-/// `checker`, its dead letters going to `sink` and recorded into `checker` too; panics if it
-/// cannot start (what every scenario that runs whole members needs).
-pub(crate) async fn start_probe_engine(
-    transport: &dyn Transport,
-    sink: Arc<dyn DeadLetterSink>,
-    config: EngineConfig,
-    checker: &Arc<OrderChecker>,
-) -> EngineHandle {
-    let engine = match Engine::builder(ProbeHandler::new(checker.clone()))
-        .config(config)
-        .dead_letter_sink(RecordingSink::new(sink, checker.clone()))
-        .build()
-    {
-        Ok(engine) => engine,
-        Err(e) => panic!("test engine config rejected: {e}"),
-    };
-    match engine.start(transport).await {
-        Ok(handle) => handle,
-        Err(e) => panic!("an engine could not start: {e}"),
     }
 }
 
