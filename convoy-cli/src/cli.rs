@@ -351,7 +351,8 @@ pub enum DlqCommand {
     /// Publish selected dead letters again to the topic they came from, with their original
     /// key and headers, so they are handled after the cause is fixed. A parked key named with
     /// --key is replayed whole (its failed and set-aside messages, in order) and unparked once
-    /// they are handled; other selections leave parked keys' messages alone.
+    /// they are handled; other selections leave parked keys' messages alone. Dead letters
+    /// replayed before are skipped (`dlq list` marks them) unless --force.
     Replay {
         /// Which ones (at least one condition, or --all).
         #[command(flatten)]
@@ -369,6 +370,9 @@ pub enum DlqCommand {
         /// stopped part-way), instead of starting one.
         #[arg(long, requires = "keys")]
         resume: bool,
+        /// Replay dead letters that were replayed before too (their messages run again).
+        #[arg(long)]
+        force: bool,
     },
 }
 

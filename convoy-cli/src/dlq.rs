@@ -1,6 +1,7 @@
 //! `convoy dlq list` and `convoy dlq replay`.
 
 use std::process::ExitCode;
+use std::time::SystemTime;
 
 use convoy::dlq::{self, DeadLetterRecord, Selection};
 use convoy::ConnectConfig;
@@ -78,6 +79,7 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::outcome:
             to,
             dry_run,
             resume,
+            force,
         } => {
             if resume {
                 for key in &selection.keys {
@@ -141,7 +143,17 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::outcome:
                     r.message.key.as_ref().is_none_or(|k| parked_in.get(k).is_none())
                 })
                 .collect();
-            let left_out = before - records.len();
+            // Dead letters replayed before stay, unless the operator means to run them again.
+            let (again, records): (Vec<_>, Vec<_>) =
+                records.into_iter().partition(|r| r.replays > 0 && !force);
+            if !again.is_empty() {
+                eprintln!(
+                    "skipped {} dead letters replayed before (`dlq list` marks them; --force replays them again): {}",
+                    again.len(),
+                    shown_offsets(&again)
+                );
+            }
+            let left_out = before - records.len() - again.len();
             if left_out
                 > whole
                     .iter()
@@ -176,7 +188,10 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::outcome:
                     replay.id
                 );
             }
-            if records.is_empty() && !whole.is_empty() {
+            if records.is_empty() {
+                if whole.is_empty() {
+                    eprintln!("nothing to replay");
+                }
                 return Ok(ExitCode::SUCCESS);
             }
             let receipts = dlq::replay(&connection, &records, to.as_deref())
@@ -244,7 +259,29 @@ fn selection_of(args: SelectionArgs) -> Selection {
         keys: args.keys,
         reason: args.reason,
         offsets: args.offsets,
+        replayed: None,
     }
+}
+
+/// Where a few of `records` are in the dead-letter topic, for a line of text.
+fn shown_offsets(records: &[DeadLetterRecord]) -> String {
+    let mut shown: Vec<String> = records
+        .iter()
+        .take(5)
+        .map(|r| format!("offset {}", r.message.offset))
+        .collect();
+    if records.len() > shown.len() {
+        shown.push("…".to_owned());
+    }
+    shown.join(", ")
+}
+
+/// A time as RFC 3339 in UTC, to the second (`-` when unknown).
+fn shown_time(at: Option<SystemTime>) -> String {
+    at.map_or_else(
+        || "-".to_owned(),
+        |t| humantime::format_rfc3339_seconds(t).to_string(),
+    )
 }
 
 fn json_of(r: &DeadLetterRecord) -> serde_json::Value {
@@ -260,17 +297,23 @@ fn json_of(r: &DeadLetterRecord) -> serde_json::Value {
         "original_source": r.original_source,
         "original_offset": r.original_offset,
         "group": r.group,
+        "first_failure_at": r.first_failure_at.map(|t| shown_time(Some(t))),
+        "dead_lettered_at": r.dead_lettered_at.map(|t| shown_time(Some(t))),
+        "replays": r.replays,
+        "last_replayed_at": r.last_replayed_at.map(|t| shown_time(Some(t))),
     })
 }
 
 fn print_table(records: &[DeadLetterRecord]) -> Result<(), StdoutClosed> {
     out!(
-        "{:>8}  {:<20} {:<18} {:>8}  {:<28} error",
+        "{:>8}  {:<20} {:<20} {:<18} {:>8}  {:<28} {:<10} error",
         "offset",
+        "dead-lettered (UTC)",
         "key",
         "cause",
         "attempts",
-        "from"
+        "from",
+        "replayed"
     )?;
     for r in records {
         let from = format!(
@@ -280,9 +323,15 @@ fn print_table(records: &[DeadLetterRecord]) -> Result<(), StdoutClosed> {
                 .map_or_else(|| "?".to_owned(), |o| o.to_string())
         );
         let error: String = r.error.chars().take(ERROR_WIDTH).collect();
+        let replayed = match r.replays {
+            0 => "-".to_owned(),
+            1 => "yes".to_owned(),
+            n => format!("{n} times"),
+        };
         out!(
-            "{:>8}  {:<20} {:<18} {:>8}  {:<28} {error}",
+            "{:>8}  {:<20} {:<20} {:<18} {:>8}  {:<28} {replayed:<10} {error}",
             r.message.offset,
+            shown_time(r.dead_lettered_at),
             r.message.key_display(),
             r.cause,
             r.attempts,

@@ -53,8 +53,9 @@ pub fn replay_message(record: &Message) -> OutgoingMessage {
     }
 }
 
-/// Why a message left its lane.
+/// Why a message left its lane, or which marker a record is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeadLetterCause {
     /// The handler returned a terminal error.
     Terminal,
@@ -75,6 +76,11 @@ pub enum DeadLetterCause {
     /// Not a message: the marker an engine writes when the last message of a parked key's
     /// replay is finished (see [`parking`](crate::parking)).
     ReplayDone,
+    /// Not a message: the audit record a replay of single dead letters writes once it
+    /// re-published them, naming where the destination holds them
+    /// ([`REPLAY_OF`](crate::parking::REPLAY_OF)): what tells a listing and a later replay that
+    /// they were replayed.
+    Replayed,
 }
 
 impl DeadLetterCause {
@@ -89,6 +95,7 @@ impl DeadLetterCause {
             DeadLetterCause::Parked => "parked",
             DeadLetterCause::Replay => "replay",
             DeadLetterCause::ReplayDone => "replay-done",
+            DeadLetterCause::Replayed => "replayed",
         }
     }
 }

@@ -57,16 +57,38 @@ pub use crate::header_names::{DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_PA
 pub const CAUSE_END: &str = "read-back-end";
 
 /// True for the records of a dead-letter destination that are markers, not messages (replay,
-/// replay-done, end): listings and replays skip them.
+/// replay-done, replayed, end): listings and replays skip them.
 pub fn is_marker(record: &Message) -> bool {
     record.headers.get_str(DL_CAUSE).is_some_and(|cause| {
         [
             DeadLetterCause::Replay.as_str(),
             CAUSE_END,
             DeadLetterCause::ReplayDone.as_str(),
+            DeadLetterCause::Replayed.as_str(),
         ]
         .contains(&cause)
     })
+}
+
+/// The records a marker says were re-published (a parked key's replay marker, or the audit
+/// record of a replay of single dead letters), by where the destination holds them; empty for
+/// every other record.
+pub fn replayed_by(record: &Message) -> Vec<Position> {
+    let cause = record.headers.get_str(DL_CAUSE);
+    let replays = [
+        DeadLetterCause::Replay.as_str(),
+        DeadLetterCause::Replayed.as_str(),
+    ];
+    if !cause.is_some_and(|c| replays.contains(&c)) {
+        return Vec::new();
+    }
+    record
+        .headers
+        .get_str(REPLAY_OF)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(parse_position)
+        .collect()
 }
 
 /// Where a message was read (its source and offset): what a record is known by.
@@ -770,14 +792,7 @@ fn change_of(group: &str, record: &Message, payloads: Payloads) -> Option<(Bytes
     let key = record.key.clone().filter(|k| !k.is_empty())?;
     let cause = headers.get_str(DL_CAUSE)?;
     let change = if cause == DeadLetterCause::Replay.as_str() {
-        let tag = ReplayTag::of(headers)?;
-        let positions = headers
-            .get_str(REPLAY_OF)
-            .unwrap_or_default()
-            .split(',')
-            .filter_map(parse_position)
-            .collect();
-        ParkingChange::ReplayStarted(tag, positions)
+        ParkingChange::ReplayStarted(ReplayTag::of(headers)?, replayed_by(record))
     } else if cause == DeadLetterCause::ReplayDone.as_str() {
         ParkingChange::ReplayDone(
             ReplayTag::of(headers)?.id,

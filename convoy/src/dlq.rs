@@ -10,16 +10,29 @@
 //! A *parked* key (see [`convoy_core::parking`]) is replayed whole, by [`replay_parked`]: its
 //! failed and set-aside messages in its original order, behind a replay marker that tells the
 //! engine to handle them — and only them — until the last one unparks the key.
+//!
+//! Every replay is recorded in the dead-letter topic: a parked key's by its replay marker, single
+//! dead letters' by an audit record written once they were re-published. A listing counts how
+//! often each dead letter was replayed ([`DeadLetterRecord::replays`]), and
+//! [`Selection::not_replayed`] leaves those out, so that replaying a ledger's history twice
+//! takes a deliberate choice (`convoy dlq replay --force`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
 
 use convoy_core::dead_letter::{
-    replay_message, DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_GROUP, DL_OFFSET, DL_SOURCE,
+    replay_message, DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_FIRST_FAILURE_MS, DL_GROUP,
+    DL_LAST_FAILURE_MS, DL_OFFSET, DL_SOURCE,
 };
-use convoy_core::parking::{self, KeyReplay, ParkedKeys};
-use convoy_core::{ConfigError, Message, OutgoingMessage, Publisher, Receipt, TransportError};
+use convoy_core::parking::{self, KeyReplay, ParkedKeys, Position, REPLAY_OF};
+use convoy_core::{
+    ConfigError, DeadLetter, DeadLetterCause, DeadLetterReason, Headers, Message, OutgoingMessage, Publisher,
+    Receipt, SourceId, TransportError,
+};
 
 use crate::connection::Connection;
 use crate::error::ConnectError;
@@ -45,6 +58,20 @@ pub struct DeadLetterRecord {
     pub original_offset: Option<u64>,
     /// The consumer group that gave up on it.
     pub group: String,
+    /// When its first attempt failed.
+    pub first_failure_at: Option<SystemTime>,
+    /// When it was dead-lettered (its last attempt failed, or it was set aside).
+    pub dead_lettered_at: Option<SystemTime>,
+    /// How many replays re-published it (filled in by [`list`]; 0 from [`Self::from_message`]).
+    pub replays: u32,
+    /// When the last of them was recorded.
+    pub last_replayed_at: Option<SystemTime>,
+}
+
+/// A time written as milliseconds since the Unix epoch.
+fn time_of(headers: &Headers, name: &str) -> Option<SystemTime> {
+    let ms = headers.get_str(name)?.parse::<u64>().ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_millis(ms))
 }
 
 impl DeadLetterRecord {
@@ -52,6 +79,10 @@ impl DeadLetterRecord {
     pub fn from_message(message: Message) -> Self {
         let h = |name: &str| message.headers.get_str(name).unwrap_or_default().to_owned();
         DeadLetterRecord {
+            first_failure_at: time_of(&message.headers, DL_FIRST_FAILURE_MS),
+            dead_lettered_at: time_of(&message.headers, DL_LAST_FAILURE_MS),
+            replays: 0,
+            last_replayed_at: None,
             cause: h(DL_CAUSE),
             error_class: h(DL_ERROR_CLASS),
             error: h(DL_ERROR),
@@ -70,9 +101,19 @@ impl DeadLetterRecord {
     }
 
     /// The message to publish again: original key, payload and headers, reason headers
-    /// removed, a replay event id and a [`REPLAYED_FROM`] header.
+    /// removed, a replay event id and a [`REPLAYED_FROM`] header. A dead letter replayed
+    /// before gets an event id of its own for each replay (`…/replay/<position>/<n>`): a
+    /// replay on purpose runs again, where a store or a broker that deduplicates by id
+    /// (JetStream's window) would drop a copy under the first replay's id.
     pub fn to_replay(&self) -> OutgoingMessage {
-        replay_message(&self.message)
+        let mut message = replay_message(&self.message);
+        if self.replays > 0 {
+            if let Some(id) = message.headers.get_str(convoy_core::EVENT_ID_HEADER) {
+                let id = format!("{id}/{}", self.replays + 1);
+                message.headers.insert(convoy_core::EVENT_ID_HEADER, id);
+            }
+        }
+        message
     }
 }
 
@@ -85,6 +126,8 @@ pub struct Selection {
     pub reason: Option<String>,
     /// Offsets in the dead-letter topic.
     pub offsets: Option<RangeInclusive<u64>>,
+    /// Only those replayed before (`Some(true)`) or only those never replayed (`Some(false)`).
+    pub replayed: Option<bool>,
 }
 
 impl Selection {
@@ -117,6 +160,13 @@ impl Selection {
         self
     }
 
+    /// … never replayed before: what a replay should pick unless the operator means to apply
+    /// the same messages again.
+    pub fn not_replayed(mut self) -> Self {
+        self.replayed = Some(false);
+        self
+    }
+
     /// True when `record` is selected.
     pub fn matches(&self, record: &DeadLetterRecord) -> bool {
         let key_ok = self.keys.is_empty()
@@ -134,7 +184,8 @@ impl Selection {
             .offsets
             .as_ref()
             .is_none_or(|range| range.contains(&record.message.offset));
-        key_ok && reason_ok && offset_ok
+        let replayed_ok = self.replayed.is_none_or(|want| want == (record.replays > 0));
+        key_ok && reason_ok && offset_ok && replayed_ok
     }
 }
 
@@ -181,14 +232,48 @@ pub async fn list(
     selection: &Selection,
 ) -> Result<Vec<DeadLetterRecord>, ConnectError> {
     let topic = connection.dlq_topic()?;
-    Ok(connection
-        .read_topic(&topic)
-        .await?
-        .into_iter()
-        .filter(|m| !parking::is_marker(m))
-        .map(DeadLetterRecord::from_message)
-        .filter(|r| selection.matches(r))
-        .collect())
+    let records = connection.read_topic(&topic).await?;
+    // Every replay recorded, by the dead letters it re-published.
+    let mut replays: HashMap<Position, (u32, Option<SystemTime>)> = HashMap::new();
+    for marker in records.iter().filter(|m| parking::is_marker(m)) {
+        let at = time_of(&marker.headers, DL_LAST_FAILURE_MS);
+        for position in parking::replayed_by(marker) {
+            let seen = replays.entry(position).or_default();
+            seen.0 += 1;
+            seen.1 = seen.1.max(at);
+        }
+    }
+    // A message dead-lettered twice (delivered again after a crash) is replayed with either
+    // record: both count, by what identifies the message.
+    let mut by_identity: HashMap<&str, (u32, Option<SystemTime>)> = HashMap::new();
+    for m in records.iter().filter(|m| !parking::is_marker(m)) {
+        if let (Some(id), Some(&seen)) = (identity(m), replays.get(&(m.source.to_string(), m.offset))) {
+            by_identity.insert(id, seen);
+        }
+    }
+    let mut listed = Vec::new();
+    for m in records.iter().filter(|m| !parking::is_marker(m)) {
+        let seen = replays
+            .get(&(m.source.to_string(), m.offset))
+            .or_else(|| identity(m).and_then(|id| by_identity.get(id)));
+        let mut record = DeadLetterRecord::from_message(m.clone());
+        if let Some(&(count, at)) = seen {
+            record.replays = count;
+            record.last_replayed_at = at;
+        }
+        if selection.matches(&record) {
+            listed.push(record);
+        }
+    }
+    Ok(listed)
+}
+
+/// What a dead letter's message is known by: its parked record's id, or its event id.
+fn identity(record: &Message) -> Option<&str> {
+    record
+        .headers
+        .get_str(parking::DL_PARK_ID)
+        .or_else(|| record.headers.get_str(convoy_core::EVENT_ID_HEADER))
 }
 
 /// The keys parked in `connection`'s consumer group, as its dead-letter topic records them.
@@ -264,7 +349,13 @@ fn target_topic(record: &DeadLetterRecord, to: Option<&str>) -> Result<String, C
     }
 }
 
-/// Publishes `records` again, in the order given, each to `to` or else the topic it came from.
+/// Most dead letters one audit record names (a header's size stays well within every broker's
+/// limits).
+const RECORDED_PER_MARKER: usize = 500;
+
+/// Publishes `records` again, in the order given, each to `to` or else the topic it came from,
+/// then records in the dead-letter topic that they were replayed (see the [module](self)
+/// documentation). Pick them with [`Selection::not_replayed`] unless they are meant to run again.
 pub async fn replay(
     connection: &Connection,
     records: &[DeadLetterRecord],
@@ -286,7 +377,55 @@ pub async fn replay(
                 .await?,
         );
     }
+    record_replay(connection, records).await.map_err(|e| {
+        TransportError::broker(
+            format!(
+                "the {} dead letters were replayed, but recording so in the dead-letter topic failed: \
+                 `dlq list` will not mark them and a later replay would replay them again",
+                records.len()
+            ),
+            e,
+        )
+    })?;
     Ok(receipts)
+}
+
+/// Writes the audit records of a replay of `records`: where the dead-letter topic holds them.
+async fn record_replay(connection: &Connection, records: &[DeadLetterRecord]) -> Result<(), ConnectError> {
+    let sink = connection.dead_letter_sink()?;
+    let group = connection.endpoint().group.clone();
+    for chunk in records.chunks(RECORDED_PER_MARKER) {
+        let positions: Vec<String> = chunk
+            .iter()
+            .map(|r| parking::format_position(&(r.message.source.to_string(), r.message.offset)))
+            .collect();
+        let mut headers = Headers::new();
+        headers.insert(REPLAY_OF, positions.join(","));
+        let now = SystemTime::now();
+        let marker = DeadLetter {
+            message: Message {
+                key: None,
+                payload: Bytes::new(),
+                headers,
+                source: chunk
+                    .first()
+                    .map_or_else(|| SourceId::new("?"), |r| r.message.source.clone()),
+                offset: 0,
+            },
+            reason: DeadLetterReason {
+                cause: DeadLetterCause::Replayed,
+                error_class: String::new(),
+                error: format!("replayed {} dead letters", chunk.len()),
+                attempts: 0,
+                first_failure: now,
+                last_failure: now,
+                group: group.clone(),
+                parks_key: false,
+            },
+        };
+        sink.publish(&marker).await?;
+    }
+    Ok(())
 }
 
 /// The partition counts of the broker's topics. A replay partitions as its target topic does

@@ -104,7 +104,9 @@ async fn consume(
 }
 
 /// A dead letter replayed with `convoy dlq replay` after the handler is fixed is handled, in
-/// order, before what its key gets next (one idempotency store across both runs).
+/// order, before what its key gets next (one idempotency store across both runs). The listing
+/// then marks it replayed; a second replay skips it (nothing runs again), and only `--force`
+/// replays it again.
 pub async fn dead_letter_replay(url: &str, topic: &str) {
     let (url, topic) = (url.to_owned(), topic.to_owned());
     let connection = convoy::connect(&url).await.unwrap();
@@ -156,10 +158,21 @@ pub async fn dead_letter_replay(url: &str, topic: &str) {
         "{record}"
     );
     assert_eq!(record["cause"], "terminal");
+    assert_eq!(record["replays"], 0);
+    assert!(
+        record["dead_lettered_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{record}"
+    );
 
     // Nothing for acct-2: the selection is respected.
     let none = convoy(&["--url", &url, "dlq", "replay", "--key", "acct-2"]);
-    assert!(String::from_utf8_lossy(&none.stderr).contains("replayed 0 dead letters"));
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("nothing to replay"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
     let replayed = convoy(&[
         "--url", &url, "dlq", "replay", "--key", "acct-1", "--reason", "bug",
     ]);
@@ -171,8 +184,59 @@ pub async fn dead_letter_replay(url: &str, topic: &str) {
 
     // After the fix, the replayed entry is handled, then what acct-1 gets next.
     publisher.publish(entry("acct-1", 4)).await.unwrap();
-    let second = consume(&connection, store, None, 2).await;
+    let second = consume(&connection, store.clone(), None, 2).await;
     assert_eq!(second, [("acct-1".to_owned(), 2), ("acct-1".to_owned(), 4)]);
+
+    // The listing marks it replayed, with when.
+    let listed = dead_letters(&url);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["replays"], 1, "{listed:?}");
+    assert!(listed[0]["last_replayed_at"].as_str().is_some(), "{listed:?}");
+    let table = convoy(&["--url", &url, "dlq", "list"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains(" yes "));
+
+    // The same command again replays nothing: entry 2 does not run twice. Had it been
+    // published again, it would arrive before entry 5 (one key, one partition) and be either
+    // handled or skipped as a duplicate: `consume` fails on both.
+    let again = convoy(&["--url", &url, "dlq", "replay", "--key", "acct-1"]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        again.status.success()
+            && stderr.contains("skipped 1 dead letters replayed before")
+            && stderr.contains("nothing to replay"),
+        "{stderr}"
+    );
+    publisher.publish(entry("acct-1", 5)).await.unwrap();
+    let third = consume(&connection, store.clone(), None, 1).await;
+    assert_eq!(third, [("acct-1".to_owned(), 5)]);
+
+    // --force replays it again, under an id of its own: the same store lets it through, and
+    // so does a broker that deduplicates by id (NATS within its window).
+    let forced = convoy(&["--url", &url, "dlq", "replay", "--key", "acct-1", "--force"]);
+    let stderr = String::from_utf8_lossy(&forced.stderr);
+    assert!(
+        forced.status.success() && stderr.contains("replayed 1 dead letters"),
+        "{stderr}"
+    );
+    publisher.publish(entry("acct-1", 6)).await.unwrap();
+    let fourth = consume(&connection, store, None, 2).await;
+    assert_eq!(fourth, [("acct-1".to_owned(), 2), ("acct-1".to_owned(), 6)]);
+    assert_eq!(dead_letters(&url)[0]["replays"], 2);
+}
+
+/// `convoy dlq list --json`, one object per dead letter.
+fn dead_letters(url: &str) -> Vec<serde_json::Value> {
+    let listed = convoy(&["--url", url, "dlq", "list", "--json"]);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|v: &serde_json::Value| v.get("parked_key").is_none())
+        .collect()
 }
 
 /// `convoy bench` on the broker: every message finished in order, the baseline ran.

@@ -578,6 +578,26 @@ pub async fn parked_keys_survive_kill_9(url: &str, topic: &str) {
         !resumed.status.success() && stderr.contains("nothing to resume"),
         "{stderr}"
     );
+    // The replay command again, now that the key is unparked: every dead letter of the key
+    // was replayed (the listing says so), so nothing is published and nothing runs twice.
+    let key = &parked[0].0;
+    let listed = super::convoy(&["--url", url, "dlq", "list", "--key", key, "--json"]);
+    let letters: Vec<serde_json::Value> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(
+        letters.len() >= waiting && letters.iter().all(|l| l["replays"].as_u64() >= Some(1)),
+        "every dead letter of {key} is marked replayed: {letters:?}"
+    );
+    let again = super::convoy(&["--url", url, "dlq", "replay", "--key", key]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        again.status.success()
+            && stderr.contains(&format!("skipped {} dead letters replayed before", letters.len()))
+            && stderr.contains("nothing to replay"),
+        "{stderr}"
+    );
     for member in members {
         assert!(member.leave());
     }
