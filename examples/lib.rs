@@ -135,9 +135,19 @@ impl Example {
         handler: impl Handler,
         configure: impl FnOnce(&mut EngineConfig),
     ) -> Result<Running, Error> {
+        self.start_with(Engine::builder(handler), configure).await
+    }
+
+    /// As [`start`](Self::start), from a builder the example set up further (its own
+    /// idempotency store).
+    pub async fn start_with(
+        &self,
+        builder: EngineBuilder,
+        configure: impl FnOnce(&mut EngineConfig),
+    ) -> Result<Running, Error> {
         let mut config = EngineConfig::for_group(self.connection.endpoint().group.clone());
         configure(&mut config);
-        let engine = Engine::builder(handler)
+        let engine = builder
             .config(config)
             .dead_letter_sink(self.connection.dead_letter_sink()?)
             .build()?;

@@ -355,7 +355,7 @@ const RECORDED_PER_MARKER: usize = 500;
 
 /// Publishes `records` again, in the order given, each to `to` or else the topic it came from,
 /// then records in the dead-letter topic that they were replayed (see the [module](self)
-/// documentation). Pick them with [`Selection::not_replayed`] unless they are meant to run again.
+/// documentation) — those replayed to the topic they came from. Pick them with [`Selection::not_replayed`] unless they are meant to run again.
 pub async fn replay(
     connection: &Connection,
     records: &[DeadLetterRecord],
@@ -377,11 +377,19 @@ pub async fn replay(
                 .await?,
         );
     }
-    record_replay(connection, records).await.map_err(|e| {
+    // Only a replay to where a dead letter came from counts: one sent elsewhere (`to` a staging
+    // topic) leaves it to be replayed to its own topic.
+    let home: Vec<DeadLetterRecord> = records
+        .iter()
+        .filter(|r| to.is_none() || to == r.original_topic())
+        .cloned()
+        .collect();
+    record_replay(connection, &home).await.map_err(|e| {
         TransportError::broker(
             format!(
-                "the {} dead letters were replayed, but recording so in the dead-letter topic failed: \
-                 `dlq list` will not mark them and a later replay would replay them again",
+                "the {} dead letters were replayed, but recording so in the dead-letter topic failed \
+                 (for all of them, or for those after the first {RECORDED_PER_MARKER}): `dlq list` \
+                 does not mark those, and a later replay would replay them again",
                 records.len()
             ),
             e,

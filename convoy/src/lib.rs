@@ -53,7 +53,8 @@
 //! credentials files and nkeys. `opentelemetry` makes the producer's span the parent of the
 //! per-message span; `opentelemetry-metrics` adds `otel_metrics`: the engine's metrics as
 //! OpenTelemetry instruments, for an OTLP exporter (metrics go through the `metrics` facade
-//! otherwise, to whichever recorder the application installs).
+//! otherwise, to whichever recorder the application installs). `store-redb` adds `store`: an
+//! idempotency store in a redb file, so duplicates are still caught after a restart.
 
 #[cfg(not(any(feature = "memory", feature = "kafka", feature = "amqp", feature = "nats")))]
 compile_error!("enable at least one broker feature of `convoy`: `memory`, `kafka`, `amqp` or `nats`");
@@ -79,6 +80,9 @@ pub use signals::{run_until_signalled, run_until_signalled_or, shutdown_signal, 
 
 #[cfg(feature = "memory")]
 pub use backend::memory::broker as memory_broker;
+/// Idempotency stores that survive a restart (feature `store-redb`): [`store::RedbIdempotencyStore`].
+#[cfg(feature = "store-redb")]
+pub use convoy_store as store;
 
 /// What a handler author needs, in one import: `use convoy::prelude::*;`.
 pub mod prelude {
