@@ -112,6 +112,58 @@ async fn retention_forgets_ids_older_than_its_age() {
     assert!(store.contains(&header(10)).await && store.contains(&header(11)).await);
 }
 
+/// The child half of [`a_process_killed_mid_write_keeps_what_it_flushed`]: records 1,000 ids,
+/// flushes, says so, then records ids without end until it is killed.
+fn record_until_killed(path: &str) {
+    let store = RedbIdempotencyStore::open(path, Retention::default()).unwrap();
+    for n in 0..1_000 {
+        assert!(store.insert_now(header(n)).is_ok());
+    }
+    assert!(store.flush());
+    println!("flushed");
+    for n in 1_000.. {
+        let _ = store.insert_now(header(n));
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_process_killed_mid_write_keeps_what_it_flushed() {
+    const CHILD: &str = "CONVOY_STORE_TEST_CHILD";
+    if let Ok(path) = std::env::var(CHILD) {
+        return record_until_killed(&path);
+    }
+    let file = TempFile::new("killed");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_process_killed_mid_write_keeps_what_it_flushed",
+            "--nocapture",
+        ])
+        .env(CHILD, &file.0)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let flushed = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+        .map_while(Result::ok)
+        .any(|line| line == "flushed");
+    assert!(flushed, "the child process said it flushed");
+    child.kill().unwrap(); // SIGKILL: no drop, no final sync, maybe mid-transaction
+    assert!(!child.wait().unwrap().success());
+
+    // The file opens (redb recovers what was committed) and holds every flushed id.
+    let store = RedbIdempotencyStore::open(&file.0, Retention::default()).unwrap();
+    assert!(store.len() >= 1_000, "{} ids", store.len());
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for n in 0..1_000 {
+        assert!(
+            runtime.block_on(store.contains(&header(n))),
+            "ev-{n} was flushed before the kill"
+        );
+    }
+}
+
 /// Publishes `count` messages of 10 keys with event ids `ev-0 …`.
 async fn publish(broker: &MemoryBroker, count: u64) {
     let publisher = MemoryPublisher::new(broker, "orders");
