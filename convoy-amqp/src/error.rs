@@ -93,15 +93,50 @@ impl From<TopologyError> for TransportError {
     }
 }
 
-/// A lapin error as a transport error: access refusals are fatal (no retry can fix them), the
-/// rest may be retried.
+/// A lapin error as a transport error: access refusals are fatal (no retry can fix them), a lost
+/// connection is an outage, the rest may be retried.
 pub fn broker(context: &str, e: lapin::Error) -> TransportError {
     match amqp_error(&e) {
         // ACCESS_REFUSED, NOT_ALLOWED (no such vhost, or not permitted).
         Some((403 | 530, text)) => TransportError::Fatal(format!("{context}: {text}")),
-        _ if matches!(e.kind(), ErrorKind::IOError(_)) => {
+        // CONNECTION_FORCED: the node is shutting down.
+        Some((320, text)) => TransportError::Unavailable(format!("{context}: {text}")),
+        // The connection is gone (reset, closed under the call, heartbeats missed): an outage,
+        // waited out and reconnected, never a reason to stop.
+        _ if matches!(
+            e.kind(),
+            ErrorKind::IOError(_) | ErrorKind::InvalidConnectionState(_) | ErrorKind::MissingHeartbeatError
+        ) =>
+        {
             TransportError::Unavailable(format!("{context}: {e}"))
         }
         _ => TransportError::broker(context.to_owned(), e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lapin::ConnectionState;
+
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_is_an_outage() {
+        for kind in [
+            ErrorKind::InvalidConnectionState(ConnectionState::Error),
+            ErrorKind::InvalidConnectionState(ConnectionState::Closed),
+            ErrorKind::MissingHeartbeatError,
+            ErrorKind::IOError(std::sync::Arc::new(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset,
+            ))),
+        ] {
+            let e = broker("declaring the topology", lapin::Error::from(kind));
+            assert!(matches!(e, TransportError::Unavailable(_)), "{e}");
+        }
+        let e = broker("declaring", lapin::Error::from(ErrorKind::ChannelsLimitReached));
+        assert!(
+            !matches!(e, TransportError::Unavailable(_)) && !e.is_fatal(),
+            "{e}"
+        );
     }
 }
