@@ -12,7 +12,8 @@
 //!   commit, leases, publisher);
 //! - [`balance`]: fair shares of partitions for transports whose members balance themselves;
 //! - [`engine`]: intake → shards → lanes → handler, with completions feeding the watermark;
-//! - [`handler`] and [`typed`](mod@typed): the handler contract and the serde-decoding layer;
+//! - [`handler`] and [`typed`](mod@typed): the handler contract and the decoding layer;
+//! - [`codec`]: values to and from payloads (JSON built in), and a typed publisher;
 //! - [`batch`]: batch handlers, one call for the heads of many keys;
 //! - [`retry`]: backoff, jitter and limits for in-lane retry;
 //! - [`dead_letter`]: sinks and the reason headers;
@@ -30,6 +31,7 @@
 pub mod backpressure;
 pub mod balance;
 pub mod batch;
+pub mod codec;
 pub mod config;
 pub mod dead_letter;
 pub mod engine;
@@ -51,6 +53,7 @@ pub mod typed;
 pub mod watermark;
 
 pub use batch::{batch_fn, BatchConfig, BatchHandler, BatchResults};
+pub use codec::{Codec, CodecError, Decoder, Encoder, Json, PublishError, TypedPublisher};
 pub use config::{BackPressure, ConfigError, Drain, EngineConfig, KeylessPolicy};
 pub use dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 pub use engine::{
@@ -64,4 +67,4 @@ pub use retry::{Backoff, Jitter, OnExhausted, RetryPolicy};
 pub use trace_context::TraceContext;
 pub use transform::{transform_fn, Output, OutputGuarantee, Transform};
 pub use transport::{Publisher, Receipt, Transport, TransportError};
-pub use typed::{typed, Codec, Json};
+pub use typed::{typed, typed_with};

@@ -1,31 +1,16 @@
-//! A typed handler layer: decode the payload with serde (JSON by default), hand the value to
-//! the user's function, and turn a decode failure into a terminal `malformed` error, so a
-//! poison message is dead-lettered with its reason instead of blocking its lane.
+//! A typed handler layer: decode the payload with a [`Decoder`] (JSON by default), hand the
+//! value to the user's function, and turn a decode failure into a terminal `malformed` error, so
+//! a poison message is dead-lettered with its reason instead of blocking its lane. A decoder
+//! that could not reach what it needs (a schema registry) makes the attempt transient instead:
+//! the message is retried in its lane, never dead-lettered for an outage.
 
 use std::future::Future;
 use std::marker::PhantomData;
 
 use async_trait::async_trait;
-use serde::de::DeserializeOwned;
 
-use crate::handler::{Delivery, Handler, HandlerError};
-
-/// Decodes payload bytes into a value.
-pub trait Codec<T>: Send + Sync + 'static {
-    /// Decodes, or says why the payload is malformed.
-    fn decode(&self, payload: &[u8]) -> Result<T, String>;
-}
-
-/// JSON via `serde_json`, the default codec.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Json;
-
-impl<T: DeserializeOwned> Codec<T> for Json {
-    fn decode(&self, payload: &[u8]) -> Result<T, String> {
-        serde_json::from_slice(payload)
-            .map_err(|e| format!("payload is not valid JSON for the expected type: {e}"))
-    }
-}
+use crate::codec::{CodecError, Decoder, Json};
+use crate::handler::{Delivery, ErrorClass, Handler, HandlerError};
 
 /// A handler that decodes its payload first; see [`typed`].
 pub struct Typed<T, F, C = Json> {
@@ -34,10 +19,10 @@ pub struct Typed<T, F, C = Json> {
     _value: PhantomData<fn() -> T>,
 }
 
-/// A typed JSON handler: `typed(|order: Order, delivery| async move { ... })`.
+/// A typed handler, JSON unless [`with_codec`](Typed::with_codec) says otherwise:
+/// `typed(|order: Order, delivery| async move { ... })`. Serde is needed only for JSON.
 pub fn typed<T, F, Fut>(f: F) -> Typed<T, F, Json>
 where
-    T: DeserializeOwned + Send + 'static,
     F: Fn(T, Delivery) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
@@ -48,9 +33,24 @@ where
     }
 }
 
-impl<T, F> Typed<T, F, Json> {
-    /// Uses another codec (e.g. a protobuf or CBOR decoder).
-    pub fn with_codec<C: Codec<T>>(self, codec: C) -> Typed<T, F, C> {
+/// A typed handler whose payloads `codec` decodes (protobuf, Avro, a schema registry's wire
+/// format, or a codec of the user's own).
+pub fn typed_with<T, C, F, Fut>(codec: C, f: F) -> Typed<T, F, C>
+where
+    C: Decoder<T>,
+    F: Fn(T, Delivery) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    Typed {
+        f,
+        codec,
+        _value: PhantomData,
+    }
+}
+
+impl<T, F, C> Typed<T, F, C> {
+    /// Uses another codec.
+    pub fn with_codec<D: Decoder<T>>(self, codec: D) -> Typed<T, F, D> {
         Typed {
             f: self.f,
             codec,
@@ -59,19 +59,29 @@ impl<T, F> Typed<T, F, Json> {
     }
 }
 
+/// How a decode failure fails the attempt.
+fn handler_error(error: CodecError) -> HandlerError {
+    let class = match error {
+        CodecError::Unavailable(_) => ErrorClass::Transient,
+        _ => ErrorClass::Malformed,
+    };
+    HandlerError::caused_by(class, error)
+}
+
 #[async_trait]
 impl<T, F, Fut, C> Handler for Typed<T, F, C>
 where
     T: Send + 'static,
     F: Fn(T, Delivery) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-    C: Codec<T>,
+    C: Decoder<T>,
 {
     async fn handle(&self, delivery: Delivery) -> Result<(), HandlerError> {
         let value = self
             .codec
             .decode(delivery.payload())
-            .map_err(HandlerError::malformed)?;
+            .await
+            .map_err(handler_error)?;
         (self.f)(value, delivery).await
     }
 }
@@ -84,7 +94,6 @@ mod tests {
     use serde::Deserialize;
 
     use super::*;
-    use crate::handler::ErrorClass;
     use crate::message::{Headers, Message, SourceId};
 
     #[derive(Deserialize)]
@@ -120,5 +129,59 @@ mod tests {
         assert!(err.message().contains("not valid JSON"));
         let err = h.handle(delivery(br#"{"qty":0}"#)).await.unwrap_err();
         assert_eq!(err.class(), ErrorClass::Terminal);
+    }
+
+    /// A codec of the user's own, for a type without serde, that sometimes cannot reach what
+    /// it needs.
+    struct Digits {
+        reachable: bool,
+    }
+
+    struct Count(u32);
+
+    impl Decoder<Count> for Digits {
+        fn decode(&self, payload: &Bytes) -> impl Future<Output = Result<Count, CodecError>> + Send {
+            let result = if !self.reachable {
+                Err(CodecError::unavailable("the digit registry did not answer"))
+            } else {
+                std::str::from_utf8(payload)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .map(Count)
+                    .ok_or_else(|| CodecError::malformed("not a decimal count"))
+            };
+            std::future::ready(result)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_codec_without_serde_decodes_and_an_unreachable_codec_is_transient() {
+        let seen = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let sum = seen.clone();
+        let h = typed_with(Digits { reachable: true }, move |c: Count, _d| {
+            let sum = sum.clone();
+            async move {
+                sum.fetch_add(c.0, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+        });
+        h.handle(delivery(b"41")).await.unwrap();
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 41);
+        let err = h.handle(delivery(b"x")).await.unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Malformed);
+        assert!(err.message().contains("not a decimal count"), "{}", err.message());
+
+        let h = h.with_codec(Digits { reachable: false });
+        let err = h.handle(delivery(b"1")).await.unwrap_err();
+        assert_eq!(
+            err.class(),
+            ErrorClass::Transient,
+            "an outage is retried, not dead-lettered"
+        );
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            41,
+            "the function was not called"
+        );
     }
 }

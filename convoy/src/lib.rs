@@ -28,7 +28,9 @@
 //!   [`EngineSettings`]: the engine's settings from the same file (`[engine]`) and
 //!   `CONVOY_ENGINE_*`, applied by [`Connection::engine_config`].
 //! - **Handle**: [`handler_fn`], [`Handler`], [`Delivery`], [`HandlerError`] and [`ErrorClass`];
-//!   [`typed`](fn@typed) decodes payloads with serde; [`batch_fn`] takes the heads of many keys
+//!   [`typed`](fn@typed) decodes payloads (JSON, or any [`codec`]'s [`Decoder`] through
+//!   [`typed_with`]); [`TypedPublisher`] and [`OutgoingMessage::json`] encode them;
+//!   [`batch_fn`] takes the heads of many keys
 //!   in one call; [`transform_fn`] publishes [`Output`]s with (or before) the commit of their
 //!   input.
 //! - **Run**: [`Engine`] and its [`EngineConfig`] ([`RetryPolicy`], [`BackPressure`],
@@ -55,6 +57,8 @@
 //! OpenTelemetry instruments, for an OTLP exporter (metrics go through the `metrics` facade
 //! otherwise, to whichever recorder the application installs). `store-redb` adds `store`: an
 //! idempotency store in a redb file, so duplicates are still caught after a restart.
+//! `codec-protobuf`, `codec-avro` and `schema-registry` add Protobuf, Avro and the Confluent
+//! Schema Registry's wire format to [`codec`].
 
 #[cfg(not(any(feature = "memory", feature = "kafka", feature = "amqp", feature = "nats")))]
 compile_error!("enable at least one broker feature of `convoy`: `memory`, `kafka`, `amqp` or `nats`");
@@ -80,6 +84,14 @@ pub use signals::{run_until_signalled, run_until_signalled_or, shutdown_signal, 
 
 #[cfg(feature = "memory")]
 pub use backend::memory::broker as memory_broker;
+/// Codecs: JSON, and with features `codec-protobuf`, `codec-avro` and `schema-registry`,
+/// Protobuf, Avro and the Confluent Schema Registry's wire format (`convoy-codec`).
+#[cfg(any(
+    feature = "codec-protobuf",
+    feature = "codec-avro",
+    feature = "schema-registry"
+))]
+pub use convoy_codec as codec;
 /// Idempotency stores that survive a restart (feature `store-redb`): [`store::RedbIdempotencyStore`].
 #[cfg(feature = "store-redb")]
 pub use convoy_store as store;
@@ -87,8 +99,8 @@ pub use convoy_store as store;
 /// What a handler author needs, in one import: `use convoy::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        connect, handler_fn, run_until_signalled, transform_fn, typed, Connection, Delivery, Engine,
-        EngineConfig, ErrorClass, HandlerError, Json, Message, OutgoingMessage, Output, Publisher, ResultExt,
-        RetryPolicy, Transport,
+        connect, handler_fn, run_until_signalled, transform_fn, typed, typed_with, Connection, Delivery,
+        Engine, EngineConfig, ErrorClass, HandlerError, Json, Message, OutgoingMessage, Output, Publisher,
+        ResultExt, RetryPolicy, Transport, TypedPublisher,
     };
 }
