@@ -347,6 +347,9 @@ pub enum DlqCommand {
         /// One JSON object per dead letter.
         #[arg(long)]
         json: bool,
+        /// Purged dead letters too.
+        #[arg(long)]
+        purged: bool,
     },
     /// Publish selected dead letters again to the topic they came from, with their original
     /// key and headers, so they are handled after the cause is fixed. A parked key named with
@@ -370,9 +373,38 @@ pub enum DlqCommand {
         /// stopped part-way), instead of starting one.
         #[arg(long, requires = "keys")]
         resume: bool,
-        /// Replay dead letters that were replayed before too (their messages run again).
+        /// Replay dead letters that were replayed before, or passed over by `dlq unpark`, too
+        /// (their messages run again).
         #[arg(long)]
         force: bool,
+    },
+    /// Unpark a parked key without replaying its failed message: an audit record in the
+    /// dead-letter topic names the message passed over and why; the messages set aside behind
+    /// it are replayed in order. The failed message stays a dead letter, marked skipped.
+    Unpark {
+        /// The parked key.
+        #[arg(long, value_name = "KEY")]
+        key: String,
+        /// Why (kept in the audit record), e.g. "corrected by hand in the ledger, ticket 4711".
+        #[arg(long, value_name = "TEXT")]
+        note: String,
+    },
+    /// Purge dead letters: an audit record names them and why, and listings and replays leave
+    /// them out from then on (the broker's retention deletes them, as every dead letter). A
+    /// parked key's dead letters are refused: replay or unpark the key first.
+    Purge {
+        /// Which ones (at least one condition, or --all).
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// Purge every dead letter.
+        #[arg(long)]
+        all: bool,
+        /// Why (kept in the audit record).
+        #[arg(long, value_name = "TEXT")]
+        note: String,
+        /// Show what would be purged, write nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -388,12 +420,15 @@ pub struct SelectionArgs {
     /// Only these offsets of the dead-letter topic: A..B (inclusive) or one offset.
     #[arg(long, value_name = "A..B", value_parser = convoy::dlq::parse_offsets)]
     pub offsets: Option<std::ops::RangeInclusive<u64>>,
+    /// Only dead letters dead-lettered longer ago than this (e.g. 30d, 12h).
+    #[arg(long, value_name = "AGE")]
+    pub older_than: Option<humantime::Duration>,
 }
 
 impl SelectionArgs {
     /// True when no condition was given.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty() && self.reason.is_none() && self.offsets.is_none()
+        self.keys.is_empty() && self.reason.is_none() && self.offsets.is_none() && self.older_than.is_none()
     }
 }
 

@@ -1,4 +1,4 @@
-//! `convoy dlq list` and `convoy dlq replay`.
+//! `convoy dlq list`, `replay`, `unpark` and `purge`.
 
 use std::process::ExitCode;
 use std::time::SystemTime;
@@ -22,8 +22,14 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::outcome:
         .map_err(|e| e.to_string())?;
     let own = by_group.get(&group).cloned().unwrap_or_default();
     match command {
-        DlqCommand::List { selection, json } => {
-            let records = dlq::list(&connection, &selection_of(selection))
+        DlqCommand::List {
+            selection,
+            json,
+            purged,
+        } => {
+            let mut selection = selection_of(selection);
+            selection.purged = purged;
+            let records = dlq::list(&connection, &selection)
                 .await
                 .map_err(|e| e.to_string())?;
             let mut parked: Vec<_> = own.iter().collect();
@@ -143,12 +149,14 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::outcome:
                     r.message.key.as_ref().is_none_or(|k| parked_in.get(k).is_none())
                 })
                 .collect();
-            // Dead letters replayed before stay, unless the operator means to run them again.
-            let (again, records): (Vec<_>, Vec<_>) =
-                records.into_iter().partition(|r| r.replays > 0 && !force);
+            // Dead letters replayed before, or passed over by an unpark, stay, unless the
+            // operator means to run them again.
+            let (again, records): (Vec<_>, Vec<_>) = records
+                .into_iter()
+                .partition(|r| (r.replays > 0 || r.skipped_at.is_some()) && !force);
             if !again.is_empty() {
                 eprintln!(
-                    "skipped {} dead letters replayed before (`dlq list` marks them; --force replays them again): {}",
+                    "skipped {} dead letters replayed before or passed over by an unpark (`dlq list` marks them; --force replays them again): {}",
                     again.len(),
                     shown_offsets(&again)
                 );
@@ -199,6 +207,68 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::outcome:
                 .map_err(|e| e.to_string())?;
             print_all_replayed(records.iter().map(|r| &r.message), &receipts);
             eprintln!("replayed {} dead letters", receipts.len());
+        }
+        DlqCommand::Unpark { key, note } => {
+            if own.get(key.as_bytes()).is_none() {
+                if let Some((other, _)) = by_group
+                    .iter()
+                    .find(|(_, keys)| keys.get(key.as_bytes()).is_some())
+                {
+                    return Err(format!(
+                        "{key} is parked in group {other}, not in {group}: name it (group={other} in the URL, or --group {other})"
+                    )
+                    .into());
+                }
+            }
+            let unparked = dlq::unpark(&connection, key.as_bytes(), &note)
+                .await
+                .map_err(|e| e.to_string())?;
+            let head = &unparked.skipped;
+            out!(
+                "passed over {}@{} key={} (not replayed; `dlq list` marks it skipped)",
+                head.source,
+                head.offset,
+                head.key_display()
+            )?;
+            match &unparked.replay {
+                Some(replay) => {
+                    print_all_replayed(replay.records.iter(), &replay.receipts);
+                    eprintln!(
+                        "unparked {key}: its failed message passed over, the {} messages behind it replayed in order (replay {}); it is unparked once they are handled",
+                        replay.records.len(),
+                        replay.id
+                    );
+                }
+                None => eprintln!("unparked {key}: its failed message passed over, nothing else was waiting"),
+            }
+        }
+        DlqCommand::Purge {
+            selection,
+            all,
+            note,
+            dry_run,
+        } => {
+            if selection.is_empty() && !all {
+                return Err(
+                    "select what to purge with --key, --reason, --offsets or --older-than, or pass --all"
+                        .into(),
+                );
+            }
+            let records = dlq::list(&connection, &selection_of(selection))
+                .await
+                .map_err(|e| e.to_string())?;
+            if dry_run {
+                print_table(&records)?;
+                eprintln!("dry run: would purge {} dead letters", records.len());
+                return Ok(ExitCode::SUCCESS);
+            }
+            let purged = dlq::purge(&connection, &records, &note)
+                .await
+                .map_err(|e| e.to_string())?;
+            eprintln!(
+                "purged {purged} dead letters ({}); `dlq list --purged` still shows them",
+                shown_offsets(&records)
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -255,11 +325,15 @@ async fn topics_exist(connection: &convoy::Connection) -> Result<(), String> {
 }
 
 fn selection_of(args: SelectionArgs) -> Selection {
-    Selection {
+    let selection = Selection {
         keys: args.keys,
         reason: args.reason,
         offsets: args.offsets,
-        replayed: None,
+        ..Selection::default()
+    };
+    match args.older_than {
+        Some(age) => selection.older_than(age.into()),
+        None => selection,
     }
 }
 
@@ -301,6 +375,8 @@ fn json_of(r: &DeadLetterRecord) -> serde_json::Value {
         "dead_lettered_at": r.dead_lettered_at.map(|t| shown_time(Some(t))),
         "replays": r.replays,
         "last_replayed_at": r.last_replayed_at.map(|t| shown_time(Some(t))),
+        "skipped_at": r.skipped_at.map(|t| shown_time(Some(t))),
+        "purged_at": r.purged_at.map(|t| shown_time(Some(t))),
     })
 }
 
@@ -313,7 +389,7 @@ fn print_table(records: &[DeadLetterRecord]) -> Result<(), StdoutClosed> {
         "cause",
         "attempts",
         "from",
-        "replayed"
+        "marks"
     )?;
     for r in records {
         let from = format!(
@@ -323,11 +399,7 @@ fn print_table(records: &[DeadLetterRecord]) -> Result<(), StdoutClosed> {
                 .map_or_else(|| "?".to_owned(), |o| o.to_string())
         );
         let error: String = r.error.chars().take(ERROR_WIDTH).collect();
-        let replayed = match r.replays {
-            0 => "-".to_owned(),
-            1 => "yes".to_owned(),
-            n => format!("{n} times"),
-        };
+        let replayed = marks(r);
         out!(
             "{:>8}  {:<20} {:<20} {:<18} {:>8}  {:<28} {replayed:<10} {error}",
             r.message.offset,
@@ -339,4 +411,24 @@ fn print_table(records: &[DeadLetterRecord]) -> Result<(), StdoutClosed> {
         )?;
     }
     Ok(())
+}
+
+/// What operators did to a dead letter: replayed (how often), passed over by an unpark, purged.
+fn marks(r: &DeadLetterRecord) -> String {
+    let mut marks = Vec::new();
+    match r.replays {
+        0 => {}
+        1 => marks.push("replayed".to_owned()),
+        n => marks.push(format!("replayed {n}x")),
+    }
+    if r.skipped_at.is_some() {
+        marks.push("skipped".to_owned());
+    }
+    if r.purged_at.is_some() {
+        marks.push("purged".to_owned());
+    }
+    if marks.is_empty() {
+        return "-".to_owned();
+    }
+    marks.join(",")
 }

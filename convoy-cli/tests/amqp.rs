@@ -29,6 +29,15 @@ async fn a_dead_letter_replayed_after_the_fix_is_handled_in_order() {
     scenarios::dead_letter_replay(&url, &topic).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpark_passes_over_a_failed_message_and_purge_hides_dead_letters() {
+    let Some(uri) = uri() else { return };
+    let topic = unique("unpark");
+    let url = url(&uri, &unique("unpark-group"), &topic);
+    let _clean = CleanUp(url.clone(), topic.clone());
+    scenarios::unpark_and_purge(&url, &topic).await;
+}
+
 #[test]
 fn bench_runs_the_seed_scenario_on_rabbitmq() {
     let Some(uri) = uri() else { return };

@@ -30,6 +30,14 @@ async fn a_dead_letter_replayed_after_the_fix_is_handled_in_order() {
     scenarios::dead_letter_replay(&url, &topic).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpark_passes_over_a_failed_message_and_purge_hides_dead_letters() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("unpark");
+    let url = url(&bootstrap, &unique("unpark-group"), &topic);
+    scenarios::unpark_and_purge(&url, &topic).await;
+}
+
 #[test]
 fn bench_runs_the_seed_scenario_on_kafka() {
     let Some(bootstrap) = bootstrap() else { return };

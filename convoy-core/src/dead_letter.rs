@@ -81,6 +81,13 @@ pub enum DeadLetterCause {
     /// ([`REPLAY_OF`](crate::parking::REPLAY_OF)): what tells a listing and a later replay that
     /// they were replayed.
     Replayed,
+    /// Not a message: the audit record of an operator's `unpark` of a parked key, naming the
+    /// failed records passed over ([`DL_OF`](crate::parking::DL_OF)): they are not replayed,
+    /// and the key goes on without them.
+    Skipped,
+    /// Not a message: the audit record of an operator's purge, naming the dead letters purged
+    /// ([`DL_OF`](crate::parking::DL_OF)): listings and replays leave them out.
+    Purged,
 }
 
 impl DeadLetterCause {
@@ -96,6 +103,8 @@ impl DeadLetterCause {
             DeadLetterCause::Replay => "replay",
             DeadLetterCause::ReplayDone => "replay-done",
             DeadLetterCause::Replayed => "replayed",
+            DeadLetterCause::Skipped => "skipped",
+            DeadLetterCause::Purged => "purged",
         }
     }
 }

@@ -57,6 +57,11 @@ pub const REPLAY: &str = "convoy-replay";
 /// (`source@offset`, comma-separated), in order.
 pub const REPLAY_OF: &str = "convoy-replay-of";
 
+/// Header on a skip marker (a parked key's failed head passed over by `unpark`) or a purge
+/// marker: where the destination holds the records it concerns (`source@offset`,
+/// comma-separated).
+pub const DL_OF: &str = "convoy-dl-of";
+
 /// Header on a record of a parked key: what its message is known by (its event id, or
 /// `source@offset` where offsets are positions); absent when nothing identifies it.
 pub const DL_PARK_ID: &str = "convoy-dl-park-id";

@@ -193,7 +193,7 @@ pub async fn dead_letter_replay(url: &str, topic: &str) {
     assert_eq!(listed[0]["replays"], 1, "{listed:?}");
     assert!(listed[0]["last_replayed_at"].as_str().is_some(), "{listed:?}");
     let table = convoy(&["--url", &url, "dlq", "list"]);
-    assert!(String::from_utf8_lossy(&table.stdout).contains(" yes "));
+    assert!(String::from_utf8_lossy(&table.stdout).contains(" replayed "));
 
     // The same command again replays nothing: entry 2 does not run twice. Had it been
     // published again, it would arrive before entry 5 (one key, one partition) and be either
@@ -222,6 +222,178 @@ pub async fn dead_letter_replay(url: &str, topic: &str) {
     let fourth = consume(&connection, store, None, 2).await;
     assert_eq!(fourth, [("acct-1".to_owned(), 2), ("acct-1".to_owned(), 6)]);
     assert_eq!(dead_letters(&url)[0]["replays"], 2);
+}
+
+/// Runs an engine that parks keys until `expected` messages finished, failing the entries
+/// `fails` names; what the handler ran, in order.
+async fn consume_parking(
+    connection: &convoy::Connection,
+    fails: &'static [(&'static str, u32)],
+    expected: u64,
+) -> Vec<(String, u32)> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let handler = typed(move |e: Entry, d: Delivery| {
+        let seen = s.clone();
+        async move {
+            let key = d.message().key_display().into_owned();
+            if fails.iter().any(|(k, n)| *k == key && *n == e.n) {
+                return Err(HandlerError::terminal(format!(
+                    "cannot apply entry {} of {key}",
+                    e.n
+                )));
+            }
+            seen.lock().unwrap().push((key, e.n));
+            Ok(())
+        }
+    });
+    let mut config = EngineConfig::for_group(connection.endpoint().group.clone());
+    config.park_keys = true;
+    let engine = Engine::builder(handler)
+        .config(config)
+        .dead_letter_sink(connection.dead_letter_sink().unwrap())
+        .build()
+        .unwrap();
+    let running = engine.spawn(connection.subscribe().await.unwrap());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while running.stats().finished() < expected {
+        assert!(Instant::now() < deadline, "not finished: {:?}", running.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.stop().await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    seen
+}
+
+/// `convoy dlq unpark` passes over a parked key's failed message with an audit record and
+/// replays what was set aside behind it, in order; the listing marks the message skipped and
+/// a replay leaves it out. `convoy dlq purge` hides dead letters from listings and replays,
+/// and refuses a parked key's.
+pub async fn unpark_and_purge(url: &str, topic: &str) {
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let publisher = connection.publisher(topic).unwrap();
+    let entry = |key: &str, n: u32| OutgoingMessage::new(key.to_owned(), format!(r#"{{"n":{n}}}"#));
+    let mut entries: Vec<OutgoingMessage> = (1..=4).map(|n| entry("acct-1", n)).collect();
+    entries.extend((1..=2).map(|n| entry("acct-3", n)));
+    publisher.publish_all(entries).await.unwrap();
+
+    // acct-1's entry 2 fails: 3 and 4 are set aside behind it. acct-3's entry 1 too.
+    let first = consume_parking(&connection, &[("acct-1", 2), ("acct-3", 1)], 6).await;
+    assert_eq!(first, [("acct-1".to_owned(), 1)]);
+
+    let unparked = convoy(&[
+        "--url",
+        url,
+        "dlq",
+        "unpark",
+        "--key",
+        "acct-1",
+        "--note",
+        "fixed by hand, ticket 4711",
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&unparked.stdout),
+        String::from_utf8_lossy(&unparked.stderr),
+    );
+    assert!(unparked.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("passed over") && stdout.contains("key=acct-1"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("the 2 messages behind it replayed in order"),
+        "{stderr}"
+    );
+
+    // Entries 3 and 4 run, in order; entry 2 does not. acct-3 stays parked.
+    let second = consume_parking(&connection, &[], 2).await;
+    assert_eq!(second, [("acct-1".to_owned(), 3), ("acct-1".to_owned(), 4)]);
+
+    let listed = dead_letters(url);
+    let head: Vec<_> = listed
+        .iter()
+        .filter(|r| r["key"] == "acct-1" && r["cause"] == "terminal")
+        .collect();
+    assert_eq!(head.len(), 1, "{listed:?}");
+    assert!(
+        head[0]["skipped_at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{listed:?}"
+    );
+    assert_eq!(head[0]["replays"], 0, "{listed:?}");
+    let table = String::from_utf8_lossy(&convoy(&["--url", url, "dlq", "list"]).stdout).into_owned();
+    assert!(table.contains(" skipped "), "{table}");
+
+    // A replay of acct-1 leaves its skipped message (and the replayed ones) alone.
+    let replay = convoy(&["--url", url, "dlq", "replay", "--key", "acct-1"]);
+    let stderr = String::from_utf8_lossy(&replay.stderr);
+    assert!(
+        replay.status.success()
+            && stderr.contains("skipped 3 dead letters")
+            && stderr.contains("nothing to replay"),
+        "{stderr}"
+    );
+    let again = convoy(&[
+        "--url", url, "dlq", "unpark", "--key", "acct-1", "--note", "twice",
+    ]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && stderr.contains("acct-1 is not parked"),
+        "{stderr}"
+    );
+
+    // A parked key's dead letters are not purged; acct-1's are.
+    let refused = convoy(&[
+        "--url", url, "dlq", "purge", "--key", "acct-3", "--note", "closed",
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("acct-3 is parked in group"),
+        "{stderr}"
+    );
+    let dry = convoy(&[
+        "--url",
+        url,
+        "dlq",
+        "purge",
+        "--key",
+        "acct-1",
+        "--note",
+        "closed",
+        "--dry-run",
+    ]);
+    assert!(String::from_utf8_lossy(&dry.stderr).contains("would purge 3 dead letters"));
+    let purged = convoy(&[
+        "--url",
+        url,
+        "dlq",
+        "purge",
+        "--key",
+        "acct-1",
+        "--note",
+        "account closed",
+    ]);
+    let stderr = String::from_utf8_lossy(&purged.stderr);
+    assert!(
+        purged.status.success() && stderr.contains("purged 3 dead letters"),
+        "{stderr}"
+    );
+    let listed = dead_letters(url);
+    assert!(
+        listed.iter().all(|r| r["key"] == "acct-3"),
+        "purged ones are not listed: {listed:?}"
+    );
+    let with_purged = convoy(&["--url", url, "dlq", "list", "--json", "--purged"]);
+    let purged_ones = String::from_utf8_lossy(&with_purged.stdout)
+        .lines()
+        .filter(|l| l.contains("\"purged_at\":\""))
+        .count();
+    assert_eq!(purged_ones, 3);
+    let replay = convoy(&["--url", url, "dlq", "replay", "--key", "acct-1", "--force"]);
+    assert!(
+        String::from_utf8_lossy(&replay.stderr).contains("nothing to replay"),
+        "a purged dead letter is never replayed, forced or not"
+    );
 }
 
 /// `convoy dlq list --json`, one object per dead letter.

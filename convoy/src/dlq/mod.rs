@@ -16,13 +16,18 @@
 //! often each dead letter was replayed ([`DeadLetterRecord::replays`]), and
 //! [`Selection::not_replayed`] leaves those out, so that replaying a ledger's history twice
 //! takes a deliberate choice (`convoy dlq replay --force`).
+//!
+//! An operator may also pass over a parked key's failed head without replaying it
+//! ([`unpark`]: the rest of the key is replayed), and purge dead letters ([`purge`]): both write
+//! an audit record naming what they concern, with the operator's reason; listings mark skipped
+//! dead letters and leave purged ones out.
+
+mod operator;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use bytes::Bytes;
 
 use convoy_core::dead_letter::{
     replay_message, DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_FIRST_FAILURE_MS, DL_GROUP,
@@ -30,14 +35,15 @@ use convoy_core::dead_letter::{
 };
 use convoy_core::parking::{self, KeyReplay, ParkedKeys, Position, REPLAY_OF};
 use convoy_core::{
-    ConfigError, DeadLetter, DeadLetterCause, DeadLetterReason, Headers, Message, OutgoingMessage, Publisher,
-    Receipt, SourceId, TransportError,
+    ConfigError, DeadLetterCause, Headers, Message, OutgoingMessage, Publisher, Receipt, TransportError,
 };
 
 use crate::connection::Connection;
 use crate::error::ConnectError;
 
 pub use convoy_core::dead_letter::REPLAYED_FROM;
+pub use convoy_core::parking::Unparked;
+pub use operator::{purge, unpark};
 
 /// A message read from a dead-letter topic, with its reason decoded.
 #[derive(Clone, Debug)]
@@ -66,6 +72,10 @@ pub struct DeadLetterRecord {
     pub replays: u32,
     /// When the last of them was recorded.
     pub last_replayed_at: Option<SystemTime>,
+    /// When an unpark passed over it (a parked key's failed head, never replayed), if one did.
+    pub skipped_at: Option<SystemTime>,
+    /// When it was purged, if it was (listed only by a selection that asks for purged ones).
+    pub purged_at: Option<SystemTime>,
 }
 
 /// A time written as milliseconds since the Unix epoch.
@@ -83,6 +93,8 @@ impl DeadLetterRecord {
             dead_lettered_at: time_of(&message.headers, DL_LAST_FAILURE_MS),
             replays: 0,
             last_replayed_at: None,
+            skipped_at: None,
+            purged_at: None,
             cause: h(DL_CAUSE),
             error_class: h(DL_ERROR_CLASS),
             error: h(DL_ERROR),
@@ -128,6 +140,10 @@ pub struct Selection {
     pub offsets: Option<RangeInclusive<u64>>,
     /// Only those replayed before (`Some(true)`) or only those never replayed (`Some(false)`).
     pub replayed: Option<bool>,
+    /// Only those dead-lettered before this time.
+    pub before: Option<SystemTime>,
+    /// Purged ones too (left out otherwise).
+    pub purged: bool,
 }
 
 impl Selection {
@@ -167,6 +183,19 @@ impl Selection {
         self
     }
 
+    /// … dead-lettered more than `age` ago (a dead letter whose time is not recorded is never
+    /// old enough).
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.before = SystemTime::now().checked_sub(age);
+        self
+    }
+
+    /// … purged ones included.
+    pub fn with_purged(mut self) -> Self {
+        self.purged = true;
+        self
+    }
+
     /// True when `record` is selected.
     pub fn matches(&self, record: &DeadLetterRecord) -> bool {
         let key_ok = self.keys.is_empty()
@@ -185,7 +214,11 @@ impl Selection {
             .as_ref()
             .is_none_or(|range| range.contains(&record.message.offset));
         let replayed_ok = self.replayed.is_none_or(|want| want == (record.replays > 0));
-        key_ok && reason_ok && offset_ok && replayed_ok
+        let age_ok = self
+            .before
+            .is_none_or(|before| record.dead_lettered_at.is_some_and(|at| at < before));
+        let purged_ok = self.purged || record.purged_at.is_none();
+        key_ok && reason_ok && offset_ok && replayed_ok && age_ok && purged_ok
     }
 }
 
@@ -235,12 +268,21 @@ pub async fn list(
     let records = connection.read_topic(&topic).await?;
     // Every replay recorded, by the dead letters it re-published.
     let mut replays: HashMap<Position, (u32, Option<SystemTime>)> = HashMap::new();
+    // Passed over by an unpark, and purged: when.
+    let mut skipped: HashMap<Position, Option<SystemTime>> = HashMap::new();
+    let mut purged: HashMap<Position, Option<SystemTime>> = HashMap::new();
     for marker in records.iter().filter(|m| parking::is_marker(m)) {
         let at = time_of(&marker.headers, DL_LAST_FAILURE_MS);
         for position in parking::replayed_by(marker) {
             let seen = replays.entry(position).or_default();
             seen.0 += 1;
             seen.1 = seen.1.max(at);
+        }
+        for position in parking::marked_by(marker, DeadLetterCause::Skipped) {
+            skipped.insert(position, at);
+        }
+        for position in parking::marked_by(marker, DeadLetterCause::Purged) {
+            purged.insert(position, at);
         }
     }
     // A message dead-lettered twice (delivered again after a crash) is replayed with either
@@ -261,6 +303,9 @@ pub async fn list(
             record.replays = count;
             record.last_replayed_at = at;
         }
+        let position = (m.source.to_string(), m.offset);
+        record.skipped_at = skipped.get(&position).map(|at| at.unwrap_or(UNIX_EPOCH));
+        record.purged_at = purged.get(&position).map(|at| at.unwrap_or(UNIX_EPOCH));
         if selection.matches(&record) {
             listed.push(record);
         }
@@ -319,19 +364,20 @@ async fn replay_or_resume(
     let group = &connection.endpoint().group;
     let sink = connection.dead_letter_sink()?;
     let partitions = Partitions::of(connection).await?;
-    let publisher = |topic: &str| {
-        partitions
-            .publisher(connection, topic)
-            .map_err(|e| TransportError::broker(format!("publishing to {topic}"), e))
-    };
+    let publisher = partitions.publisher_for(connection);
     let replay = match resume {
         true => parking::resume_replay(group, key, &*sink, &publisher).await,
         false => parking::replay_key(group, key, &*sink, &publisher).await,
     };
-    replay.map_err(|e| match e {
+    replay.map_err(refused)
+}
+
+/// A parked key's operation that failed: a broker's error, or a refusal naming the key.
+pub(crate) fn refused(e: parking::ReplayError) -> ConnectError {
+    match e {
         parking::ReplayError::Transport(e) => ConnectError::from(e),
         refused => ConfigError::invalid("key", refused.to_string()).into(),
-    })
+    }
 }
 
 /// Where `record` is replayed to: `to`, or else the topic it came from.
@@ -351,7 +397,7 @@ fn target_topic(record: &DeadLetterRecord, to: Option<&str>) -> Result<String, C
 
 /// Most dead letters one audit record names (a header's size stays well within every broker's
 /// limits).
-const RECORDED_PER_MARKER: usize = 500;
+pub(crate) const RECORDED_PER_MARKER: usize = 500;
 
 /// Publishes `records` again, in the order given, each to `to` or else the topic it came from,
 /// then records in the dead-letter topic that they were replayed (see the [module](self)
@@ -409,28 +455,14 @@ async fn record_replay(connection: &Connection, records: &[DeadLetterRecord]) ->
             .collect();
         let mut headers = Headers::new();
         headers.insert(REPLAY_OF, positions.join(","));
-        let now = SystemTime::now();
-        let marker = DeadLetter {
-            message: Message {
-                key: None,
-                payload: Bytes::new(),
-                headers,
-                source: chunk
-                    .first()
-                    .map_or_else(|| SourceId::new("?"), |r| r.message.source.clone()),
-                offset: 0,
-            },
-            reason: DeadLetterReason {
-                cause: DeadLetterCause::Replayed,
-                error_class: String::new(),
-                error: format!("replayed {} dead letters", chunk.len()),
-                attempts: 0,
-                first_failure: now,
-                last_failure: now,
-                group: group.clone(),
-                parks_key: false,
-            },
-        };
+        let marker = parking::marker(
+            &group,
+            None,
+            chunk.first().map(|r| r.message.source.clone()),
+            DeadLetterCause::Replayed,
+            format!("replayed {} dead letters", chunk.len()),
+            headers,
+        );
         sink.publish(&marker).await?;
     }
     Ok(())
@@ -439,19 +471,34 @@ async fn record_replay(connection: &Connection, records: &[DeadLetterRecord]) ->
 /// The partition counts of the broker's topics. A replay partitions as its target topic does
 /// (a key's replayed messages join its partition), whatever count the connection was given:
 /// the operator names a group and a topic, not how the topic was declared.
-struct Partitions(HashMap<String, u32>);
+pub(crate) struct Partitions(HashMap<String, u32>);
 
 impl Partitions {
-    async fn of(connection: &Connection) -> Result<Partitions, ConnectError> {
+    pub(crate) async fn of(connection: &Connection) -> Result<Partitions, ConnectError> {
         let listed = connection.list_topics().await?;
         Ok(Partitions(
             listed.into_iter().map(|t| (t.name, t.partitions)).collect(),
         ))
     }
 
+    /// What a parked key's replay publishes through: a publisher per topic.
+    pub(crate) fn publisher_for<'a>(
+        &'a self,
+        connection: &'a Connection,
+    ) -> impl Fn(&str) -> Result<Arc<dyn Publisher>, TransportError> + Sync + 'a {
+        move |topic: &str| {
+            self.publisher(connection, topic)
+                .map_err(|e| TransportError::broker(format!("publishing to {topic}"), e))
+        }
+    }
+
     /// A publisher to `topic` with the topic's own partition count; an error naming the topic
     /// when it does not exist (a replay never creates its target).
-    fn publisher(&self, connection: &Connection, topic: &str) -> Result<Arc<dyn Publisher>, ConnectError> {
+    pub(crate) fn publisher(
+        &self,
+        connection: &Connection,
+        topic: &str,
+    ) -> Result<Arc<dyn Publisher>, ConnectError> {
         match self.0.get(topic) {
             Some(&n) if n == connection.endpoint().partitions => connection.publisher(topic),
             Some(&n) => connection.with_partitions(n).publisher(topic),

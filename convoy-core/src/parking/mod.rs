@@ -14,6 +14,9 @@
 //! - a *replay marker* (cause `replay`, written by [`replay_key`] before it publishes)
 //!   names the pending records it re-publishes ([`REPLAY_OF`]) and the replay's id and size
 //!   ([`REPLAY`]): those records are no longer pending, and the key is *replaying*;
+//! - a *skip marker* (cause `skipped`, written by [`unpark_key`]) names failed records
+//!   ([`DL_OF`]) the operator passed over: they are no longer pending, never replayed, and a
+//!   copy of one delivered again is a duplicate;
 //! - a *replay-done marker* (cause `replay-done`, written by the engine before the last message
 //!   of a topic's part of the replay is finished, naming that topic in [`REPLAY_PART`]) ends
 //!   that part; the replay ends when every topic's part has (a key on several topics is
@@ -50,14 +53,17 @@ use crate::dead_letter::{
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
 use crate::transport::{Publisher, Receipt, TransportError};
 
-pub use crate::header_names::{DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_PART};
+mod unpark;
+
+pub use crate::header_names::{DL_OF, DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_PART};
+pub use unpark::{unpark_key, Unparked};
 
 /// The cause of an end marker: a record that only says how far a read-back must read, for a
 /// destination with no end to read to (a RabbitMQ stream).
 pub const CAUSE_END: &str = "read-back-end";
 
 /// True for the records of a dead-letter destination that are markers, not messages (replay,
-/// replay-done, replayed, end): listings and replays skip them.
+/// replay-done, replayed, skipped, purged, end): listings and replays skip them.
 pub fn is_marker(record: &Message) -> bool {
     record.headers.get_str(DL_CAUSE).is_some_and(|cause| {
         [
@@ -65,9 +71,27 @@ pub fn is_marker(record: &Message) -> bool {
             CAUSE_END,
             DeadLetterCause::ReplayDone.as_str(),
             DeadLetterCause::Replayed.as_str(),
+            DeadLetterCause::Skipped.as_str(),
+            DeadLetterCause::Purged.as_str(),
         ]
         .contains(&cause)
     })
+}
+
+/// The records a marker of `cause` names in [`DL_OF`] (an unpark's skip marker, a purge
+/// marker), by where the destination holds them; empty for every other record.
+pub fn marked_by(record: &Message, cause: DeadLetterCause) -> Vec<Position> {
+    if record.headers.get_str(DL_CAUSE) != Some(cause.as_str()) {
+        return Vec::new();
+    }
+    positions(record.headers.get_str(DL_OF))
+}
+
+fn positions(list: Option<&str>) -> Vec<Position> {
+    list.unwrap_or_default()
+        .split(',')
+        .filter_map(parse_position)
+        .collect()
 }
 
 /// The records a marker says were re-published (a parked key's replay marker, or the audit
@@ -82,13 +106,7 @@ pub fn replayed_by(record: &Message) -> Vec<Position> {
     if !cause.is_some_and(|c| replays.contains(&c)) {
         return Vec::new();
     }
-    record
-        .headers
-        .get_str(REPLAY_OF)
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(parse_position)
-        .collect()
+    positions(record.headers.get_str(REPLAY_OF))
 }
 
 /// Where a message was read (its source and offset): what a record is known by.
@@ -212,7 +230,7 @@ impl Replaying {
 pub struct KeyParking {
     /// Records not covered by a replay, in the order they were written.
     pending: Vec<ParkedRecord>,
-    /// The ids of records replays took since the key was parked.
+    /// The ids of records replays took (or an unpark passed over) since the key was parked.
     replayed: HashSet<String>,
     replaying: Option<Replaying>,
     /// The records the replay under way re-publishes, in its order (what a resume publishes
@@ -332,6 +350,14 @@ impl KeyParking {
         self.last_replay = Some(tag.id.clone());
     }
 
+    fn skip(&mut self, stored: &[Position]) {
+        let (skipped, pending): (Vec<ParkedRecord>, Vec<ParkedRecord>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|r| r.stored.as_ref().is_some_and(|p| stored.contains(p)));
+        self.pending = pending;
+        self.replayed.extend(skipped.into_iter().filter_map(|r| r.id));
+    }
+
     fn replay_done(&mut self, id: &str, part: Option<String>) {
         let Some(replaying) = self.replaying.as_mut().filter(|r| r.id == id) else {
             return;
@@ -354,6 +380,9 @@ pub enum ParkingChange {
     ReplayStarted(ReplayTag, Vec<Position>),
     /// The part of the replay with this id of one topic (`None`: all of it) ended.
     ReplayDone(String, Option<String>),
+    /// An operator passed over the records the destination holds at these positions
+    /// ([`unpark_key`]).
+    Skipped(Vec<Position>),
 }
 
 /// The parked keys of one group, folded from its dead-letter destination.
@@ -446,6 +475,7 @@ impl ParkedKeys {
             ParkingChange::SetAside(record) => entry.set_aside(*record),
             ParkingChange::ReplayStarted(tag, positions) => entry.replay_started(&tag, &positions),
             ParkingChange::ReplayDone(id, part) => entry.replay_done(&id, part),
+            ParkingChange::Skipped(positions) => entry.skip(&positions),
         }
         if !entry.is_parked() {
             if let Some(parking) = self.keys.remove(&key).filter(|p| !p.ended.is_empty()) {
@@ -599,6 +629,9 @@ pub enum ReplayError {
         /// Its messages.
         count: u32,
     },
+    /// The key has no failed message waiting, only set-aside ones: nothing to pass over.
+    #[error("{0} has no failed message waiting (only messages set aside behind an earlier one): replay it instead")]
+    NothingToSkip(String),
     /// No replay of the key is under way (nothing to resume).
     #[error("no replay of {0} is under way: nothing to resume")]
     NoneUnderWay(String),
@@ -672,28 +705,14 @@ pub async fn replay_key(
         .filter_map(|r| r.stored.as_ref().map(format_position))
         .collect();
     headers.insert(REPLAY_OF, positions.join(","));
-    let now = SystemTime::now();
-    let marker = DeadLetter {
-        message: Message {
-            key: Some(Bytes::copy_from_slice(key)),
-            payload: Bytes::new(),
-            headers,
-            source: records
-                .first()
-                .map_or_else(|| SourceId::new("?"), |r| r.source.clone()),
-            offset: 0,
-        },
-        reason: DeadLetterReason {
-            cause: DeadLetterCause::Replay,
-            error_class: String::new(),
-            error: format!("replays {count} messages of the key"),
-            attempts: 0,
-            first_failure: now,
-            last_failure: now,
-            group: group.to_owned(),
-            parks_key: false,
-        },
-    };
+    let marker = marker(
+        group,
+        Some(Bytes::copy_from_slice(key)),
+        records.first().map(|r| r.source.clone()),
+        DeadLetterCause::Replay,
+        format!("replays {count} messages of the key"),
+        headers,
+    );
     sink.publish(&marker).await?;
     let receipts = publish(&messages, publisher).await?;
     Ok(KeyReplay {
@@ -730,6 +749,39 @@ pub async fn resume_replay(
         records,
         receipts,
     })
+}
+
+/// A marker record of `group` (not a message): `cause` and `text` say what it records,
+/// `headers` what it names; stored beside the records of `source` (any source of the
+/// destination will do for a marker naming none).
+pub fn marker(
+    group: &str,
+    key: Option<Bytes>,
+    source: Option<SourceId>,
+    cause: DeadLetterCause,
+    text: String,
+    headers: Headers,
+) -> DeadLetter {
+    let now = SystemTime::now();
+    DeadLetter {
+        message: Message {
+            key,
+            payload: Bytes::new(),
+            headers,
+            source: source.unwrap_or_else(|| SourceId::new("?")),
+            offset: 0,
+        },
+        reason: DeadLetterReason {
+            cause,
+            error_class: String::new(),
+            error: text,
+            attempts: 0,
+            first_failure: now,
+            last_failure: now,
+            group: group.to_owned(),
+            parks_key: false,
+        },
+    }
 }
 
 /// The messages of replay `id`: each record's, tagged, to the topic it came from.
@@ -798,6 +850,8 @@ fn change_of(group: &str, record: &Message, payloads: Payloads) -> Option<(Bytes
             ReplayTag::of(headers)?.id,
             headers.get_str(REPLAY_PART).map(str::to_owned),
         )
+    } else if cause == DeadLetterCause::Skipped.as_str() {
+        ParkingChange::Skipped(marked_by(record, DeadLetterCause::Skipped))
     } else if cause == DeadLetterCause::Parked.as_str() || headers.get_str(DL_PARKS).is_some() {
         ParkingChange::SetAside(Box::new(ParkedRecord {
             id: headers.get_str(DL_PARK_ID).map(str::to_owned),
@@ -926,6 +980,49 @@ mod tests {
         assert_eq!(replay_order(&d.keys(), b"a"), ["t/1@9"], "still parked behind 9");
         d.replay("a", "r2 0/1", &[4]).done("a", "r2 1/1");
         assert!(d.keys().is_empty(), "replayed whole: unparked");
+    }
+
+    #[test]
+    fn a_skip_marker_passes_over_the_failed_head_and_unparks_a_key_with_nothing_else() {
+        let mut d = Destination::default();
+        d.failed("a", 3, None).parked("a", 4, None).parked("a", 5, None);
+        d.failed("b", 7, None);
+        // The operator passes over a's head (offset 0) and b's (offset 3).
+        d.push("a", &[(DL_CAUSE, "skipped"), (DL_OF, "t.dlq/0@0")]);
+        d.push("b", &[(DL_CAUSE, "skipped"), (DL_OF, "t.dlq/0@3")]);
+        let keys = d.keys();
+        assert!(keys.get(b"b").is_none(), "b had nothing else waiting: unparked");
+        let a = keys.get(b"a").expect("a still waits for the replay of the rest");
+        assert_eq!(
+            replay_order(&keys, b"a"),
+            ["t/1@4", "t/1@5"],
+            "the head is not replayed"
+        );
+        assert!(
+            a.holds("t/1@3"),
+            "a copy of the skipped head delivered again is not run"
+        );
+        assert!(is_marker(&d.0[4]) && is_marker(&d.0[5]));
+        assert_eq!(
+            marked_by(&d.0[4], DeadLetterCause::Skipped),
+            [("t.dlq/0".to_owned(), 0)]
+        );
+        assert!(marked_by(&d.0[4], DeadLetterCause::Purged).is_empty());
+        // Another group's skip marker changes nothing here.
+        let mut other = Destination::default();
+        other.failed("c", 1, None);
+        other.0.push({
+            let mut m = other.0[0].clone();
+            m.headers = Headers::new();
+            m.headers.insert(DL_GROUP, "other");
+            m.headers.insert(DL_CAUSE, "skipped");
+            m.headers.insert(DL_OF, "t.dlq/0@0");
+            m
+        });
+        assert!(other.keys().get(b"c").is_some());
+
+        d.replay("a", "r1 0/2", &[1, 2]).done("a", "r1 2/2");
+        assert!(d.keys().is_empty(), "the rest replayed: unparked");
     }
 
     #[test]
