@@ -105,6 +105,32 @@ pub enum Command {
     /// The live view of a running `convoy consume --metrics-addr ADDR`: sources, watermarks,
     /// lag, held messages, the longest-running lanes (stuck keys) and the largest backlogs.
     Lanes(LanesArgs),
+    /// Pause a key or a source of a running `convoy consume --metrics-addr ADDR --control`: a
+    /// key's messages wait in order (the one in flight finishes), a source fetches nothing new.
+    /// That consumer only, until resumed or stopped; to hold a key across the group and across
+    /// restarts, park it.
+    Pause(PauseArgs),
+    /// Resume a key or a source paused with `convoy pause`.
+    Resume(PauseArgs),
+}
+
+/// `convoy pause` and `convoy resume`.
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("target").required(true).args(["key", "source", "list"]))]
+pub struct PauseArgs {
+    /// The consumer's --metrics-addr.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: String,
+    /// This key.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    /// This source: `topic/partition` (a Kafka partition, a RabbitMQ partition queue, a NATS
+    /// partition subject).
+    #[arg(long, value_name = "TOPIC/PARTITION")]
+    pub source: Option<String>,
+    /// Only show what is paused.
+    #[arg(long)]
+    pub list: bool,
 }
 
 /// `convoy lanes`.
@@ -296,6 +322,10 @@ pub struct ConsumeArgs {
     /// (GET /metrics).
     #[arg(long, value_name = "HOST:PORT", value_parser = socket_addr)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Also take `convoy pause` and `convoy resume` on --metrics-addr (POST /pause, /resume):
+    /// whoever reaches that address can pause keys, so keep it on 127.0.0.1 or a private network.
+    #[arg(long, requires = "metrics_addr")]
+    pub control: bool,
     /// Do not print each message.
     #[arg(long)]
     pub quiet: bool,

@@ -159,7 +159,7 @@ async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, cr
     }
     // The recorder must be in place before the engine registers its metric handles.
     let endpoint = match args.metrics_addr {
-        Some(addr) => Some(metrics_server::serve(addr).await?),
+        Some(addr) => Some(metrics_server::serve(addr, args.control).await?),
         None => None,
     };
     let handling = Handling {
@@ -218,7 +218,7 @@ async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, cr
     }
     let running = engine.start(&connection).await.map_err(|e| e.to_string())?;
     if let Some(endpoint) = &endpoint {
-        endpoint.engine_started(running.stats_reader(), running.inspector());
+        endpoint.engine_started(running.stats_reader(), running.inspector(), running.pauser());
     }
     Ok(Started {
         running,

@@ -19,7 +19,7 @@ use crate::out::{out, out_part};
 pub async fn run(args: &LanesArgs) -> crate::outcome::CliResult {
     let addr = host_port(&args.addr);
     loop {
-        let body = fetch(addr, &format!("/lanes?top={}", args.top)).await?;
+        let body = fetch(addr, hyper::Method::GET, &format!("/lanes?top={}", args.top)).await?;
         let view: Value = serde_json::from_str(&body)
             .map_err(|e| format!("{addr} did not answer with the lanes' JSON: {e}"))?;
         if let Some(error) = view.get("error").and_then(Value::as_str) {
@@ -42,7 +42,7 @@ pub async fn run(args: &LanesArgs) -> crate::outcome::CliResult {
 
 /// `HOST:PORT` of what the user gave: also the address `consume` printed
 /// (`http://127.0.0.1:9898/metrics`), pasted whole.
-fn host_port(addr: &str) -> &str {
+pub(crate) fn host_port(addr: &str) -> &str {
     let addr = addr.trim();
     let addr = addr
         .strip_prefix("http://")
@@ -51,8 +51,8 @@ fn host_port(addr: &str) -> &str {
     addr.split('/').next().unwrap_or(addr)
 }
 
-/// GET `path` from `addr` (HTTP/1.1).
-async fn fetch(addr: &str, path: &str) -> Result<String, String> {
+/// `method` `path` of `addr` (HTTP/1.1): the answer's body.
+pub(crate) async fn fetch(addr: &str, method: hyper::Method, path: &str) -> Result<String, String> {
     let unreachable = |e: &dyn std::fmt::Display| {
         format!("no convoy consume answered at {addr} ({e}): is one running with --metrics-addr {addr}?")
     };
@@ -63,7 +63,9 @@ async fn fetch(addr: &str, path: &str) -> Result<String, String> {
         .await
         .map_err(|e| unreachable(&e))?;
     tokio::spawn(connection);
-    let request = Request::get(path)
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
         .header(hyper::header::HOST, addr)
         .body(Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;

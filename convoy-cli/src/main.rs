@@ -5,6 +5,7 @@ mod bed;
 mod bench;
 mod cli;
 mod consume;
+mod control;
 mod dlq;
 mod lanes;
 mod metrics_server;
@@ -64,6 +65,8 @@ async fn run(cli: Cli) -> CliResult {
     let command = match cli.command {
         // The view of a running consumer: its endpoint, not a broker.
         Command::Lanes(args) => return lanes::run(&args).await,
+        Command::Pause(args) => return control::run(&args, true).await,
+        Command::Resume(args) => return control::run(&args, false).await,
         other => other,
     };
     if !matches!(command, Command::Bench(_)) && config.url.is_none() {
@@ -81,6 +84,8 @@ async fn run(cli: Cli) -> CliResult {
         Command::Dlq(command) => dlq::run(&config, command).await,
         Command::Topic(command) => topic::run(&config, command).await,
         Command::Lanes(args) => lanes::run(&args).await,
+        Command::Pause(args) => control::run(&args, true).await,
+        Command::Resume(args) => control::run(&args, false).await,
     }
 }
 

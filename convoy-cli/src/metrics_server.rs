@@ -8,6 +8,8 @@
 //!   failed for less than 30 s: `StatsSnapshot::readiness`); 503 with the reason otherwise;
 //! - `GET /lanes?top=N` — JSON: every source (watermark, committed, lag, held, window, paused),
 //!   the lanes whose head runs longest (attempts, last error) and the most queued keys;
+//! - with `--control`: `POST /pause?key=K` (or `?source=topic/3`), `POST /resume?…`, and
+//!   `GET /paused` — an operator's pause (`convoy pause`), answered with what is paused;
 //! - anything else — 404, naming these.
 
 use std::collections::BTreeMap;
@@ -16,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use convoy::{Inspection, Inspector, StatsReader, StatsSnapshot};
+use convoy::{Inspection, Inspector, PauseTarget, Pauser, SourceId, StatsReader, StatsSnapshot};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
@@ -31,19 +33,21 @@ const DEFAULT_TOP: usize = 10;
 /// What the endpoint serves; the engine's parts are set once it started.
 pub struct Endpoint {
     prometheus: PrometheusHandle,
-    engine: OnceLock<(StatsReader, Inspector)>,
+    engine: OnceLock<(StatsReader, Inspector, Pauser)>,
+    /// POST /pause and /resume are served (`--control`).
+    control: bool,
 }
 
 impl Endpoint {
-    /// The running engine, whose state `/readyz` and `/lanes` show.
-    pub fn engine_started(&self, stats: StatsReader, inspector: Inspector) {
-        let _ = self.engine.set((stats, inspector));
+    /// The running engine, whose state `/readyz` and `/lanes` show, and `/pause` changes.
+    pub fn engine_started(&self, stats: StatsReader, inspector: Inspector, pauser: Pauser) {
+        let _ = self.engine.set((stats, inspector, pauser));
     }
 }
 
 /// Installs the Prometheus recorder and serves the endpoint on `addr`, on the current runtime.
 /// Must run before the engine registers its metric handles.
-pub async fn serve(addr: SocketAddr) -> Result<Arc<Endpoint>, String> {
+pub async fn serve(addr: SocketAddr, control: bool) -> Result<Arc<Endpoint>, String> {
     let prometheus = PrometheusBuilder::new()
         // Gauges of a partition this member handed over or lost are never set again.
         .idle_timeout(MetricKindMask::GAUGE, Some(convoy::metrics::GAUGE_IDLE_AFTER))
@@ -60,6 +64,7 @@ pub async fn serve(addr: SocketAddr) -> Result<Arc<Endpoint>, String> {
     let endpoint = Arc::new(Endpoint {
         prometheus,
         engine: OnceLock::new(),
+        control,
     });
     let serving = endpoint.clone();
     tokio::spawn(async move {
@@ -106,6 +111,7 @@ impl Endpoint {
             ),
             "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
             "/readyz" => self.readiness(),
+            "/pause" | "/resume" | "/paused" => self.control(&request).await,
             "/lanes" => {
                 let top = query(request.uri().query(), "top")
                     .and_then(|t| t.parse().ok())
@@ -115,19 +121,19 @@ impl Endpoint {
             other => respond(
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                format!("no {other} here: /metrics, /healthz, /readyz, /lanes\n"),
+                format!("no {other} here: /metrics, /healthz, /readyz, /lanes, /pause, /resume, /paused\n"),
             ),
         }
     }
 
     fn readiness(&self) -> Response<Full<Bytes>> {
-        let snapshot = self.engine.get().map(|(stats, _)| stats.snapshot());
+        let snapshot = self.engine.get().map(|(stats, _, _)| stats.snapshot());
         let (status, body) = readiness(snapshot.as_ref());
         json_response(status, &body)
     }
 
     async fn lanes(&self, top: usize) -> Response<Full<Bytes>> {
-        let Some((stats, inspector)) = self.engine.get() else {
+        let Some((stats, inspector, _)) = self.engine.get() else {
             return json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &json!({"error": "the engine has not started"}),
@@ -135,6 +141,71 @@ impl Endpoint {
         };
         match inspector.inspect(top).await {
             Some(inspection) => json_response(StatusCode::OK, &to_json(&inspection, stats)),
+            None => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"error": "the engine stopped"}),
+            ),
+        }
+    }
+}
+
+impl Endpoint {
+    /// An operator's pause or resume (POST), or what is paused (GET /paused).
+    async fn control(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+        if !self.control {
+            return json_response(
+                StatusCode::FORBIDDEN,
+                &json!({"error": "this consumer takes no pauses: start it with --control"}),
+            );
+        }
+        let Some((_, _, pauser)) = self.engine.get() else {
+            return json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"error": "the engine has not started"}),
+            );
+        };
+        let path = request.uri().path();
+        if path != "/paused" {
+            if request.method() != hyper::Method::POST {
+                return json_response(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    &json!({"error": format!("{path} takes POST")}),
+                );
+            }
+            let pairs: Vec<(String, String)> =
+                form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
+                    .into_owned()
+                    .collect();
+            let value = |name: &str| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+            let target = match (value("key"), value("source")) {
+                (Some(key), None) => PauseTarget::Key(Bytes::from(key)),
+                (None, Some(source)) => PauseTarget::Source(SourceId::new(source)),
+                _ => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        &json!({"error": "name one key (?key=K) or one source (?source=topic/partition)"}),
+                    )
+                }
+            };
+            let done = match path {
+                "/pause" => pauser.pause(target).await,
+                _ => pauser.resume(target).await,
+            };
+            if !done {
+                return json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &json!({"error": "the engine stopped"}),
+                );
+            }
+        }
+        match pauser.paused().await {
+            Some(paused) => json_response(
+                StatusCode::OK,
+                &json!({
+                    "paused_keys": paused.keys.iter().map(|k| String::from_utf8_lossy(k).into_owned()).collect::<Vec<_>>(),
+                    "paused_sources": paused.sources.iter().map(SourceId::as_str).collect::<Vec<_>>(),
+                }),
+            ),
             None => json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &json!({"error": "the engine stopped"}),

@@ -53,6 +53,15 @@ fn consume_prints_lanes_and_serves_prometheus_metrics() {
     scenarios::consume_prints_and_serves_metrics(&url);
 }
 
+#[test]
+fn a_paused_key_waits_until_resumed() {
+    let Some(uri) = uri() else { return };
+    let topic = unique("pause");
+    let url = url(&uri, &unique("pause-group"), &topic);
+    let _clean = CleanUp(url.clone(), topic);
+    scenarios::pause_and_resume(&url);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_ctrl_c_aborts_the_drain_and_payloads_print_on_one_line() {
     let Some(uri) = uri() else { return };

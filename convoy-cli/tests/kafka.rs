@@ -105,6 +105,13 @@ fn consume_prints_lanes_and_serves_prometheus_metrics() {
     scenarios::consume_prints_and_serves_metrics(&url(&bootstrap, &unique("consume-group"), &topic));
 }
 
+#[test]
+fn a_paused_key_waits_until_resumed() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("pause");
+    scenarios::pause_and_resume(&url(&bootstrap, &unique("pause-group"), &topic));
+}
+
 /// A second Ctrl-C aborts a drain that would otherwise wait for its timeout (30 s) behind
 /// messages taking a minute; and one message is one output line whatever its payload holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

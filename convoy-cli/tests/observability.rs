@@ -1,7 +1,8 @@
 //! The dashboard and the alert rules of `deploy/` name only metrics that exist (issue 21, item
 //! 4): a real `convoy consume --metrics-addr` on Kafka (scripts/test starts it) handles a few
-//! messages; every `convoy_*` metric the Grafana dashboard and the Prometheus rules use —
-//! histograms through their `_bucket` series — is on its `/metrics` page.
+//! messages; every `convoy_*` metric the Grafana dashboard, the Prometheus rules and KEDA's
+//! Prometheus ScaledObject (deploy/kubernetes) use — histograms through their `_bucket` series —
+//! is on its `/metrics` page.
 
 #![allow(clippy::unwrap_used)]
 
@@ -42,9 +43,12 @@ fn every_metric_the_dashboard_and_the_alerts_name_is_exported() {
     let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
     assert!(!parsed["panels"].as_array().unwrap().is_empty());
     let rules = deploy("prometheus/convoy-alerts.yml");
+    // KEDA's Prometheus scaler: the query it scales the Deployment on.
+    let scaler = deploy("kubernetes/scaledobject-prometheus.yaml");
     let wanted: BTreeSet<String> = metric_names(&dashboard)
         .into_iter()
         .chain(metric_names(&rules))
+        .chain(metric_names(&scaler))
         .collect();
     assert!(wanted.len() >= 10, "{wanted:?}");
 

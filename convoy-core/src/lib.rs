@@ -58,7 +58,8 @@ pub use config::{BackPressure, ConfigError, Drain, EngineConfig, KeylessPolicy};
 pub use dead_letter::{DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink};
 pub use engine::{
     Engine, EngineBuilder, EngineError, EngineHandle, EngineReport, Inspection, Inspector, LaneView,
-    SourceView, Stall, StallOn, StatsReader, StatsSnapshot, Stopper, COMMITS_FAILING_AT_MOST,
+    PauseTarget, Paused, Pauser, SourceView, Stall, StallOn, StatsReader, StatsSnapshot, Stopper,
+    COMMITS_FAILING_AT_MOST,
 };
 pub use handler::{handler_fn, Cause, Delivery, ErrorClass, Handler, HandlerError, ResultExt};
 pub use idempotency::{IdempotencyStore, MemoryIdempotencyStore};

@@ -103,6 +103,102 @@ async fn consume(
     seen
 }
 
+/// `convoy pause --key` on a running `convoy consume --control`: the key's messages wait (the
+/// others are handled) until `convoy resume`, then run in order.
+pub fn pause_and_resume(url: &str) {
+    let port = convoy_testkit::support::free_port().unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_convoy"))
+        .args([
+            "--url",
+            url,
+            "consume",
+            "--create",
+            "--metrics-addr",
+            &addr,
+            "--control",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(child.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Ready: its endpoint answers (it binds before connecting) and says so.
+    while std::net::TcpStream::connect(&addr).is_err() || !get(&addr, "/readyz").starts_with("HTTP/1.1 200") {
+        assert!(Instant::now() < deadline, "the consumer never got ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let paused = convoy(&["pause", "--addr", &addr, "--key", "held key"]);
+    let stdout = String::from_utf8_lossy(&paused.stdout);
+    assert!(
+        paused.status.success(),
+        "{}",
+        String::from_utf8_lossy(&paused.stderr)
+    );
+    assert!(stdout.contains(r#""paused_keys":["held key"]"#), "{stdout}");
+
+    // The printed lines, as they come.
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let input: String = (0..5)
+        .flat_map(|n| [format!("held key\t{n}\n"), format!("free\t{n}\n")])
+        .collect();
+    let produced = convoy_with_input(&["--url", url, "produce"], input.as_bytes());
+    assert!(
+        produced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&produced.stderr)
+    );
+    let next = || {
+        lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a line within 60 s")
+    };
+    let seq = |line: &str| line.rsplit(' ').next().unwrap().to_owned();
+    let free: Vec<String> = (0..5).map(|_| next()).collect();
+    assert!(
+        free.iter().all(|l| l.contains("key=free")),
+        "only the free key runs: {free:?}"
+    );
+    assert_eq!(
+        free.iter().map(|l| seq(l)).collect::<Vec<_>>(),
+        ["0", "1", "2", "3", "4"]
+    );
+    // The held key's messages arrived and wait in its lane.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !get(&addr, "/lanes").contains(r#""key":"held key""#) {
+        assert!(Instant::now() < deadline, "the held key's messages never arrived");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(lines.try_recv().is_err(), "nothing of the held key ran");
+
+    let resumed = convoy(&["resume", "--addr", &addr, "--key", "held key"]);
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains(r#""paused_keys":[]"#));
+    let held: Vec<String> = (0..5).map(|_| next()).collect();
+    assert!(held.iter().all(|l| l.contains("key=held key")), "{held:?}");
+    assert_eq!(
+        held.iter().map(|l| seq(l)).collect::<Vec<_>>(),
+        ["0", "1", "2", "3", "4"]
+    );
+
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = wait_exit(&mut child);
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    std::mem::forget(guard);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("stopped: 10 handled"), "{stderr}");
+}
+
 /// A dead letter replayed with `convoy dlq replay` after the handler is fixed is handled, in
 /// order, before what its key gets next (one idempotency store across both runs). The listing
 /// then marks it replayed; a second replay skips it (nothing runs again), and only `--force`
@@ -609,6 +705,13 @@ pub fn consume_prints_and_serves_metrics(url: &str) {
     assert!(
         shown.contains("handled 200") && shown.contains("watermark"),
         "{shown}"
+    );
+    // Pauses only when the consumer was started to take them.
+    let refused = convoy(&["pause", "--addr", &addr, "--key", "k1"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("--control"),
+        "{stderr}"
     );
     // Ctrl-C: drain, commit, leave, report.
     Command::new("kill")

@@ -14,6 +14,7 @@ mod lane;
 mod parking;
 #[cfg(test)]
 mod parking_properties;
+mod pause;
 mod run;
 mod shard;
 mod slots;
@@ -27,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 pub use inspect::{Inspection, Inspector, LaneView, SourceView};
+pub use pause::{PauseTarget, Paused, Pauser};
 pub use stats::{Stall, StallOn, StatsSnapshot, COMMITS_FAILING_AT_MOST};
 
 use self::intake::{Intake, IntakeParts};
@@ -298,6 +300,7 @@ impl Engine {
         };
         let (signals, signals_rx) = watch::channel(0u8);
         let (inspector, inspects) = mpsc::channel(4);
+        let (pauser, pauses) = mpsc::channel(16);
         let shard_count = config.effective_shards();
         let stats = Arc::new(EngineStats::new(shard_count));
         let (reports_tx, reports) = mpsc::unbounded_channel();
@@ -334,6 +337,7 @@ impl Engine {
             signals: signals_rx,
             spares,
             inspects,
+            pauses,
             parking: context.parking.clone().map(|p| (p, context.sink.clone())),
             outbox: context.outbox.clone(),
         });
@@ -343,6 +347,7 @@ impl Engine {
             shard_aborts,
             stats,
             inspector: Inspector(inspector),
+            pauser: Pauser(pauser),
         }
     }
 
@@ -395,6 +400,7 @@ pub struct EngineHandle {
     shard_aborts: Vec<AbortHandle>,
     stats: Arc<EngineStats>,
     inspector: Inspector,
+    pauser: Pauser,
 }
 
 impl EngineHandle {
@@ -403,6 +409,7 @@ impl EngineHandle {
     fn unfit(subscription: Subscription, error: ConfigError) -> EngineHandle {
         let (signals, _) = watch::channel(0u8);
         let (inspector, _) = mpsc::channel(1);
+        let (pauser, _) = mpsc::channel(1);
         let control = subscription.control;
         let stats = Arc::new(EngineStats::new(0));
         EngineHandle {
@@ -414,6 +421,7 @@ impl EngineHandle {
             shard_aborts: Vec::new(),
             stats,
             inspector: Inspector(inspector),
+            pauser: Pauser(pauser),
         }
     }
 
@@ -482,6 +490,11 @@ impl EngineHandle {
     /// from anywhere while the handle is awaited.
     pub fn inspector(&self) -> Inspector {
         self.inspector.clone()
+    }
+
+    /// Pauses and resumes keys and sources, from anywhere while the handle is awaited.
+    pub fn pauser(&self) -> Pauser {
+        self.pauser.clone()
     }
 
     /// The live counters, readable from anywhere while the handle is awaited (by

@@ -8,7 +8,7 @@
 //! Cancelling drops a lane future at once (the shard owns it), before anyone hears back: a
 //! cancelled handler is gone, not merely asleep, when its source is handed to another member.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::atomic::AtomicUsize;
@@ -209,6 +209,14 @@ pub(crate) enum ShardCommand {
         top: usize,
         reply: oneshot::Sender<(Vec<LaneView>, Vec<LaneView>)>,
     },
+    /// An operator's pause (or resume) of a key: its lane starts no message while paused
+    /// (the one in flight finishes). Answered once applied.
+    PauseKey {
+        key: Bytes,
+        hash: u64,
+        pause: bool,
+        reply: oneshot::Sender<()>,
+    },
 }
 
 struct InFlight {
@@ -322,6 +330,8 @@ struct Lane {
     /// On a detached lane: the lane its message was taken from (key and hash) and the
     /// assignment it blocks there, to unblock once the dead letter is done (or cancelled).
     unblocks: Option<(LaneKey, u64, u64)>,
+    /// An operator paused the key: nothing starts until it is resumed.
+    paused: bool,
 }
 
 impl Lane {
@@ -333,12 +343,14 @@ impl Lane {
             busy: None,
             blocked: Vec::new(),
             unblocks: None,
+            paused: false,
         }
     }
 
     /// True when the lane may start its next queued message now.
     fn may_start(&self) -> bool {
         self.busy.is_none()
+            && !self.paused
             && self
                 .queue
                 .front()
@@ -386,6 +398,9 @@ pub(crate) struct Shard<F> {
     ended: Vec<Ended<Outcome>>,
     /// Lanes made for stuck messages so far (names the next one).
     detached: u64,
+    /// Keys an operator paused (their lanes are made paused; empty almost always, so the
+    /// check costs nothing then).
+    paused: HashSet<Bytes>,
 }
 
 /// Starts lane futures; kept apart from the lane map so both can be borrowed at once.
@@ -562,6 +577,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             spares,
             ended: Vec::new(),
             detached: 0,
+            paused: HashSet::new(),
         }
     }
 
@@ -671,6 +687,15 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             ShardCommand::Inspect { top, reply } => {
                 let _ = reply.send(self.inspect(top));
             }
+            ShardCommand::PauseKey {
+                key,
+                hash,
+                pause,
+                reply,
+            } => {
+                self.pause_key(key, hash, pause);
+                let _ = reply.send(());
+            }
             ShardCommand::CheckStuck { limit } => {
                 let now = Instant::now();
                 let stuck: Vec<(u64, Seq, std::time::Duration)> = self
@@ -752,7 +777,7 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             Entry::Occupied(mut entry) => {
                 let lane = entry.get_mut();
                 let blocked = lane.blocked.contains(&work.epoch);
-                if lane.busy.is_none() && lane.queue.is_empty() && !blocked {
+                if lane.busy.is_none() && lane.queue.is_empty() && !blocked && !lane.paused {
                     lane.busy = Some(self.launcher.start(work));
                 } else {
                     lane.queue.push_back(work);
@@ -760,9 +785,29 @@ impl<F: Future<Output = Outcome>> Shard<F> {
             }
             Entry::Vacant(entry) => {
                 let mut lane = Lane::new(work.lane_key(), hash);
-                lane.busy = Some(self.launcher.start(work));
+                lane.paused = !self.paused.is_empty()
+                    && matches!(&lane.key, LaneKey::Key(k) if self.paused.contains(k));
+                if lane.paused {
+                    lane.queue.push_back(work);
+                } else {
+                    lane.busy = Some(self.launcher.start(work));
+                }
                 entry.insert(lane);
             }
+        }
+    }
+
+    /// An operator's pause or resume of `key` (whose lane, if any, hashed to `hash`).
+    fn pause_key(&mut self, key: Bytes, hash: u64, pause: bool) {
+        let lane_key = LaneKey::Key(key.clone());
+        if let Some(lane) = self.lanes.get_mut(&lane_key, hash) {
+            lane.paused = pause;
+        }
+        if pause {
+            self.paused.insert(key);
+        } else {
+            self.paused.remove(&key);
+            self.advance(&lane_key, hash);
         }
     }
 

@@ -147,7 +147,49 @@ pub async fn create_topics_replicated(
         .iter()
         .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(replication)))
         .collect();
-    create(&admin, &new).await
+    create(&admin, &new).await?;
+    let names: Vec<String> = topics.iter().map(|(name, _)| (*name).to_owned()).collect();
+    wait_visible(config, names).await
+}
+
+/// How long a created topic may take to show in the cluster's metadata.
+const VISIBLE_WITHIN: Duration = Duration::from_secs(10);
+
+/// Waits until every one of `topics` shows in the metadata with its partitions and leaders. A
+/// consumer that subscribes to a topic before that learns of it only at its next metadata
+/// refresh (librdkafka: `topic.metadata.refresh.interval.ms`, five minutes): `convoy consume
+/// --create` on a new topic was assigned nothing for that long.
+async fn wait_visible(config: &KafkaConfig, topics: Vec<String>) -> Result<(), TransportError> {
+    let probe = consumer(config, "convoy-admin")?;
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + VISIBLE_WITHIN;
+        loop {
+            let visible = |name: &String| {
+                probe
+                    .fetch_metadata(Some(name), REACH_STEP)
+                    .ok()
+                    .and_then(|m| {
+                        let topic = m.topics().first()?;
+                        let ready = topic.error().is_none()
+                            && !topic.partitions().is_empty()
+                            && topic.partitions().iter().all(|p| p.error().is_none() && p.leader() >= 0);
+                        Some(ready)
+                    })
+                    .unwrap_or(false)
+            };
+            let missing: Vec<&String> = topics.iter().filter(|t| !visible(t)).collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(topics = ?missing, "created topics do not show in the metadata yet: a consumer may be assigned their partitions only at its next metadata refresh");
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .map_err(|_| TransportError::Closed)?
 }
 
 /// Creates the compacted one-partition topic `name` if it does not exist: a store of the latest

@@ -1,6 +1,7 @@
 //! Back-pressure: a source fetches only while it holds fewer messages than its bound, its
 //! watermark window is shorter than its bound, and the engine as a whole holds fewer messages
-//! and bytes than the totals allow. The transport is told only when the wanted state changes.
+//! and bytes than the totals allow — and an operator has not paused it. The transport is told
+//! only when the wanted state changes.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -32,8 +33,12 @@ impl Intake {
         for state in self.sources.iter_mut().flatten() {
             state.gate.update(state.held);
             state.window_gate.update(state.tracker.window_len());
-            let want =
-                all_paused || state.revoking || state.gate.is_paused() || state.window_gate.is_paused();
+            let by_operator = !self.paused_sources.is_empty() && self.paused_sources.contains(&state.id);
+            let want = all_paused
+                || state.revoking
+                || by_operator
+                || state.gate.is_paused()
+                || state.window_gate.is_paused();
             if state.fetch_paused != Some(want) {
                 state.fetch_paused = Some(want);
                 if want {

@@ -18,11 +18,13 @@
 //! - [`commit`]: the commit in flight and when to start the next;
 //! - [`revoke`]: revokes, lost sources and their deadlines;
 //! - [`stop`]: the shutdown (drain, cancel, final commit), and stopping on a failure;
-//! - [`tick`]: the stuck-gap check, gauges, and what has waited past its deadline.
+//! - [`tick`]: the stuck-gap check, gauges, and what has waited past its deadline;
+//! - [`pause`]: an operator's pause of a key or a source.
 
 mod commit;
 mod flow;
 mod inspect;
+mod pause;
 mod read_back;
 mod revoke;
 mod route;
@@ -31,10 +33,11 @@ mod source;
 mod stop;
 mod tick;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -47,6 +50,7 @@ use self::source::SourceState;
 use self::stop::Stopping;
 use super::inspect::InspectRequest;
 use super::parking::Parking;
+use super::pause::PauseRequest;
 use super::shard::{BatchSpares, ShardCommand, ShardReport, Work};
 use super::stats::{EngineStats, StallOn};
 use super::{EngineError, EngineReport};
@@ -119,6 +123,11 @@ pub(crate) struct Intake {
     signals_open: bool,
     /// Requests for an operator's view.
     inspects: mpsc::Receiver<InspectRequest>,
+    /// An operator's pauses and resumes.
+    pauses: mpsc::Receiver<PauseRequest>,
+    /// Keys and sources an operator paused.
+    paused_keys: HashSet<Bytes>,
+    paused_sources: HashSet<SourceId>,
     /// Each source's lag as last asked of the broker (written by the lag probe).
     lags: Arc<std::sync::Mutex<HashMap<SourceId, u64>>>,
     /// Since when commits fail (none: the last one went through).
@@ -144,6 +153,7 @@ pub(crate) struct IntakeParts {
     pub signals: watch::Receiver<u8>,
     pub spares: BatchSpares,
     pub inspects: mpsc::Receiver<InspectRequest>,
+    pub pauses: mpsc::Receiver<PauseRequest>,
     /// The group's parked keys and the sink they are read back from, when it parks keys.
     pub parking: Option<(Arc<Parking>, Arc<dyn DeadLetterSink>)>,
     /// A transform's outbox: what it holds until a commit counts against the bytes bound.
@@ -200,6 +210,9 @@ impl Intake {
             signals: parts.signals,
             signals_open: true,
             inspects: parts.inspects,
+            pauses: parts.pauses,
+            paused_keys: HashSet::new(),
+            paused_sources: HashSet::new(),
             lags: Arc::default(),
             commits_failing_since: None,
             parking: parts.parking,
@@ -271,6 +284,10 @@ impl Intake {
                 }
                 Some(request) = self.inspects.recv() => {
                     self.answer(request);
+                    Turn::Continue
+                }
+                Some(request) = self.pauses.recv() => {
+                    self.on_pause(request);
                     Turn::Continue
                 }
                 event = self.events.recv(), if self.events_open => match event {
