@@ -1,9 +1,11 @@
 //! What a persistent idempotency store costs per message: the same drain of the memory broker
-//! (messages with event ids over many keys, a no-op handler) with the in-memory store and with
-//! the redb store, alternating, five runs each; the median of each, its CPU per message
-//! (process user + system time, the store's writer thread included) and the ratio.
+//! (messages with event ids over many keys, a no-op handler) with the in-memory store, the redb
+//! store and — with `CONVOY_POSTGRES_URL` and the `postgres` feature — the PostgreSQL store,
+//! alternating, five runs each; the median of each, its CPU per message (this process's user +
+//! system time, the store's writer included; the database server's own CPU is not counted) and
+//! the ratio to the in-memory store.
 //!
-//! `cargo run --release -p convoy-store --example store_cost -- [MESSAGES] [KEYS]`
+//! `cargo run --release -p convoy-store --features postgres --example store_cost -- [MESSAGES] [KEYS]`
 //! (defaults 500000 and 1000). Every run checks that each message ran exactly once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,12 +95,15 @@ async fn main() {
         UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos())
     ));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let (mut memory, mut redb) = (Vec::new(), Vec::new());
+    let (mut memory, mut redb, mut postgres) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..RUNS {
         memory.push(drain(messages, keys, Arc::new(MemoryIdempotencyStore::new(100_000))).await);
         let path = dir.join(format!("run-{run}.redb"));
         let store = RedbIdempotencyStore::open(&path, Retention::default()).expect("the store opens");
         redb.push(drain(messages, keys, Arc::new(store)).await);
+        if let Some(store) = shared_store(run).await {
+            postgres.push(drain(messages, keys, store).await);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     let line = |name: &str, runs: &[Run]| {
@@ -119,4 +124,28 @@ async fn main() {
         redb_rate / memory_rate,
         redb_cpu - memory_cpu
     );
+    if !postgres.is_empty() {
+        let (rate, cpu) = line("postgres", &postgres);
+        println!(
+            "postgres / memory: {:.2} of the throughput, {:+.2} µs CPU per message (this process)",
+            rate / memory_rate,
+            cpu - memory_cpu
+        );
+    }
+}
+
+/// A PostgreSQL store of a group of its own per run, when `CONVOY_POSTGRES_URL` names one.
+#[cfg(feature = "postgres")]
+async fn shared_store(run: usize) -> Option<Arc<dyn IdempotencyStore>> {
+    let url = std::env::var("CONVOY_POSTGRES_URL").ok()?;
+    let group = format!("store-cost-{}-{run}", std::process::id());
+    let store = convoy_store::PostgresIdempotencyStore::connect(&url, &group, Retention::default())
+        .await
+        .expect("the database takes the connection");
+    Some(Arc::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn shared_store(_run: usize) -> Option<Arc<dyn IdempotencyStore>> {
+    None
 }
