@@ -18,7 +18,7 @@ use convoy::{
 use crate::cli::{ConsumeArgs, DrainArg, PayloadEncoding};
 use crate::metrics_server;
 use crate::out::out;
-use crate::settings::{connect, fit_to_topics};
+use crate::settings::{connect, fit_to_topics, through_outage};
 
 /// Longest payload printed per message.
 const PREVIEW: usize = 120;
@@ -151,6 +151,14 @@ async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, cr
         return Err("name the topics to consume with --topic (or ?topics= in the URL)".into());
     }
     let connection = fit_to_topics(connection, config, args.create).await?;
+    if args.create {
+        // Created before anything subscribes: a Kafka consumer does not create the topics it
+        // subscribes to, and would wait for them to appear (RabbitMQ and NATS declare them as
+        // they subscribe; creating what exists changes nothing anywhere).
+        through_outage("creating the topics", || connection.create_topics())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
     if let Some(to) = &args.forward_to {
         forward_target_exists(&connection, to, args.create).await?;
     }

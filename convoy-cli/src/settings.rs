@@ -88,11 +88,10 @@ pub async fn fit_to_topics(
         .await
         .map_err(|e| e.to_string())?;
     let mut counts = Vec::new();
-    let mut missing = false;
     for topic in &endpoint.topics {
         match listed.iter().find(|t| &t.name == topic) {
             Some(found) => counts.push((topic, found.partitions)),
-            None if create => missing = true,
+            None if create => {}
             None => {
                 return Err(format!(
                     "topic {topic} does not exist on this broker (`convoy topic list` shows what does): \
@@ -100,14 +99,6 @@ pub async fn fit_to_topics(
                 ))
             }
         }
-    }
-    if missing {
-        // Created here, before anything subscribes: a Kafka consumer does not create the topics
-        // it subscribes to, and would wait for them to appear (RabbitMQ and NATS declare them
-        // as they subscribe; creating is idempotent there).
-        through_outage("creating the topics", || connection.create_topics())
-            .await
-            .map_err(|e| e.to_string())?;
     }
     let Some(&(first, partitions)) = counts.first() else {
         return Ok(connection);

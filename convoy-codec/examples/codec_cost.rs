@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use convoy_codec::{
-    Avro, ConfluentAvro, ConfluentProtobuf, Decoder, Encoder, Json, Protobuf, SchemaRegistry,
+    Avro, ConfluentAvro, ConfluentJson, ConfluentProtobuf, Decoder, Encoder, Json, Protobuf, SchemaRegistry,
 };
 use convoy_core::{
     handler_fn, typed_with, Delivery, Engine, EngineConfig, Handler, HandlerError, OutgoingMessage,
@@ -30,6 +30,9 @@ const KEYS: u64 = 1_000;
 const AVRO: &str = r#"{"type":"record","name":"Entry","fields":[{"name":"account","type":"string"},
     {"name":"seq","type":"long"},{"name":"cents","type":"long"},{"name":"memo","type":"string"}]}"#;
 const PROTO: &str = "syntax = \"proto3\";\nmessage Entry {\n  string account = 1;\n  int64 seq = 2;\n  int64 cents = 3;\n  string memo = 4;\n}\n";
+
+const JSON_SCHEMA: &str = r#"{"type":"object","properties":{"account":{"type":"string"},
+    "seq":{"type":"integer"},"cents":{"type":"integer"},"memo":{"type":"string"}}}"#;
 
 /// One ledger entry: serde for JSON and Avro, prost for Protobuf.
 #[derive(Clone, PartialEq, Serialize, Deserialize, prost::Message)]
@@ -197,8 +200,10 @@ async fn main() {
             let avro = ConfluentAvro::<Entry>::new(registry.clone(), format!("{subject}-avro"), AVRO)
                 .expect("the schema parses");
             cases.push(case("confluent avro", avro, messages).await);
-            let proto = ConfluentProtobuf::<Entry>::new(registry, format!("{subject}-proto"), PROTO);
+            let proto = ConfluentProtobuf::<Entry>::new(registry.clone(), format!("{subject}-proto"), PROTO);
             cases.push(case("confluent protobuf", proto, messages).await);
+            let json = ConfluentJson::<Entry>::new(registry, format!("{subject}-json"), JSON_SCHEMA);
+            cases.push(case("confluent json", json, messages).await);
         }
         Err(_) => println!("(CONVOY_SCHEMA_REGISTRY unset: the Confluent codecs are not measured)"),
     }

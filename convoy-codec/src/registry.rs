@@ -264,7 +264,7 @@ impl SchemaRegistryBuilder {
                  reach the registry over http (a local proxy or sidecar) for now"
             )));
         }
-        if !base.starts_with("http://") || base.len() <= "http://".len() {
+        if base.strip_prefix("http://").is_none_or(str::is_empty) {
             return Err(SchemaError::Registry(format!(
                 "{:?} is not a registry address; expected http://host:port",
                 self.url
