@@ -9,13 +9,25 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use convoy::prelude::*;
-use convoy::{Paused, SourceId};
+use convoy::{Handler, Paused, SourceId};
 use tokio::sync::Notify;
 
 async fn wait_finished(running: &convoy::EngineHandle, finished: u64) {
     while running.stats().finished() < finished {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// `handler` through an engine on `connection`.
+async fn start(connection: &convoy::Connection, handler: impl Handler) -> convoy::EngineHandle {
+    Engine::builder(handler)
+        .config(connection.engine_config().unwrap())
+        .dead_letter_sink(connection.dead_letter_sink().unwrap())
+        .build()
+        .unwrap()
+        .start(connection)
+        .await
+        .unwrap()
 }
 
 fn of(seen: &Mutex<Vec<(String, u32)>>, key: &str) -> Vec<u32> {
@@ -52,14 +64,7 @@ async fn a_paused_key_waits_in_order_while_others_go_on() {
             }
         })
     };
-    let running = Engine::builder(handler)
-        .config(connection.engine_config().unwrap())
-        .dead_letter_sink(connection.dead_letter_sink().unwrap())
-        .build()
-        .unwrap()
-        .start(&connection)
-        .await
-        .unwrap();
+    let running = start(&connection, handler).await;
     let pauser = running.pauser();
     let publisher = connection.publisher("orders").unwrap();
     let batch = |key: &'static str, ns: std::ops::RangeInclusive<u32>| {
@@ -118,14 +123,7 @@ async fn a_paused_source_delivers_nothing_new_until_resumed() {
             }
         })
     };
-    let running = Engine::builder(handler)
-        .config(connection.engine_config().unwrap())
-        .dead_letter_sink(connection.dead_letter_sink().unwrap())
-        .build()
-        .unwrap()
-        .start(&connection)
-        .await
-        .unwrap();
+    let running = start(&connection, handler).await;
     let pauser = running.pauser();
     let zero = SourceId::partition("orders", 0);
     assert!(pauser.pause_source(zero.clone()).await);

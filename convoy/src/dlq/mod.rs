@@ -397,7 +397,7 @@ fn target_topic(record: &DeadLetterRecord, to: Option<&str>) -> Result<String, C
 
 /// Most dead letters one audit record names (a header's size stays well within every broker's
 /// limits).
-pub(crate) const RECORDED_PER_MARKER: usize = 500;
+const RECORDED_PER_MARKER: usize = 500;
 
 /// Publishes `records` again, in the order given, each to `to` or else the topic it came from,
 /// then records in the dead-letter topic that they were replayed (see the [module](self)
@@ -446,6 +446,21 @@ pub async fn replay(
 
 /// Writes the audit records of a replay of `records`: where the dead-letter topic holds them.
 async fn record_replay(connection: &Connection, records: &[DeadLetterRecord]) -> Result<(), ConnectError> {
+    record_marks(connection, records, REPLAY_OF, DeadLetterCause::Replayed, |n| {
+        format!("replayed {n} dead letters")
+    })
+    .await
+}
+
+/// Writes audit records of `cause` naming where the dead-letter topic holds `records` (in
+/// header `header`, [`RECORDED_PER_MARKER`] per record), each saying `text` of its count.
+pub(crate) async fn record_marks(
+    connection: &Connection,
+    records: &[DeadLetterRecord],
+    header: &str,
+    cause: DeadLetterCause,
+    text: impl Fn(usize) -> String,
+) -> Result<(), ConnectError> {
     let sink = connection.dead_letter_sink()?;
     let group = connection.endpoint().group.clone();
     for chunk in records.chunks(RECORDED_PER_MARKER) {
@@ -454,13 +469,13 @@ async fn record_replay(connection: &Connection, records: &[DeadLetterRecord]) ->
             .map(|r| parking::format_position(&(r.message.source.to_string(), r.message.offset)))
             .collect();
         let mut headers = Headers::new();
-        headers.insert(REPLAY_OF, positions.join(","));
+        headers.insert(header, positions.join(","));
         let marker = parking::marker(
             &group,
             None,
             chunk.first().map(|r| r.message.source.clone()),
-            DeadLetterCause::Replayed,
-            format!("replayed {} dead letters", chunk.len()),
+            cause,
+            text(chunk.len()),
             headers,
         );
         sink.publish(&marker).await?;

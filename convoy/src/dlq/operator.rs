@@ -4,9 +4,9 @@
 //! retention does that, as for every dead letter).
 
 use convoy_core::parking::{self, Unparked, DL_OF};
-use convoy_core::{ConfigError, DeadLetterCause, Headers};
+use convoy_core::{ConfigError, DeadLetterCause};
 
-use super::{parked_by_group, refused, DeadLetterRecord, Partitions, RECORDED_PER_MARKER};
+use super::{parked_by_group, record_marks, refused, DeadLetterRecord, Partitions};
 use crate::connection::Connection;
 use crate::error::ConnectError;
 
@@ -50,24 +50,9 @@ pub async fn purge(
         )
         .into());
     }
-    let sink = connection.dead_letter_sink()?;
-    let group = connection.endpoint().group.clone();
-    for chunk in records.chunks(RECORDED_PER_MARKER) {
-        let positions: Vec<String> = chunk
-            .iter()
-            .map(|r| parking::format_position(&(r.message.source.to_string(), r.message.offset)))
-            .collect();
-        let mut headers = Headers::new();
-        headers.insert(DL_OF, positions.join(","));
-        let marker = parking::marker(
-            &group,
-            None,
-            chunk.first().map(|r| r.message.source.clone()),
-            DeadLetterCause::Purged,
-            format!("purged {} dead letters ({reason})", chunk.len()),
-            headers,
-        );
-        sink.publish(&marker).await?;
-    }
+    record_marks(connection, records, DL_OF, DeadLetterCause::Purged, |n| {
+        format!("purged {n} dead letters ({reason})")
+    })
+    .await?;
     Ok(records.len())
 }
