@@ -22,6 +22,7 @@ use convoy_core::{
 use tokio::sync::Notify;
 
 use crate::checker::OrderChecker;
+use crate::spread::KeySpread;
 
 /// The sequence number a probe payload carries, if it is one.
 pub fn decode_seq(payload: &[u8]) -> Option<u64> {
@@ -83,12 +84,31 @@ pub fn probe_batch(
     count: usize,
     payload_bytes: usize,
 ) -> Vec<OutgoingMessage> {
+    probe_batch_spread(
+        checker,
+        prefix,
+        &KeySpread::uniform(keys),
+        from,
+        count,
+        payload_bytes,
+    )
+}
+
+/// [`probe_batch`] with message `i`'s key chosen by `spread` (`{prefix}{spread.key_of(i)}`).
+pub fn probe_batch_spread(
+    checker: &OrderChecker,
+    prefix: &str,
+    spread: &KeySpread,
+    from: usize,
+    count: usize,
+    payload_bytes: usize,
+) -> Vec<OutgoingMessage> {
     let mut buf = BytesMut::with_capacity(count * (prefix.len() + 16));
     let mut spans = Vec::with_capacity(count);
     for i in from..from + count {
         let start = buf.len();
         buf.put_slice(prefix.as_bytes());
-        buf.put_slice((i % keys.max(1)).to_string().as_bytes());
+        buf.put_slice(spread.key_of(i as u64).to_string().as_bytes());
         spans.push((start, buf.len()));
     }
     // Copy into exact-size buffers: the slices keep their buffer alive as long as the broker

@@ -73,6 +73,8 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
             "--keys {keys} is more than --messages {messages}: every key needs a message (use at most {messages} keys)"
         ));
     }
+    // Refused here, naming the flag, rather than when the run starts.
+    convoy_bench::KeySpread::new(keys, args.zipf).map_err(|e| format!("--zipf: {e}"))?;
     Ok(Scenario {
         name: args
             .scenario
@@ -80,6 +82,7 @@ pub fn scenario(args: &BenchArgs) -> Result<Scenario, String> {
             .map_or_else(|| "custom".to_owned(), |v| v.get_name().to_owned()),
         messages,
         keys,
+        zipf: args.zipf,
         partitions,
         payload_bytes: args
             .payload_bytes

@@ -180,6 +180,11 @@ pub struct BenchArgs {
     /// Distinct keys.
     #[arg(long)]
     pub keys: Option<usize>,
+    /// Spread messages over the keys Zipf-skewed with this exponent (1.0: key-0 the hottest, a
+    /// long tail) instead of round-robin: hot keys' lanes become the bottleneck, as in
+    /// production. With --prefilled-topic, the topic must have been produced with the same value.
+    #[arg(long, value_name = "S")]
+    pub zipf: Option<f64>,
     /// Offered rate in messages per second (seed-load: default 20,000).
     #[arg(long)]
     pub rate: Option<f64>,
@@ -240,6 +245,10 @@ pub struct ProduceArgs {
     /// what `convoy bench --prefilled-topic` checks.
     #[arg(long, requires = "generate", conflicts_with = "headers")]
     pub probes: bool,
+    /// Probes: spread them over the keys Zipf-skewed with this exponent (as `convoy bench
+    /// --zipf`) instead of round-robin.
+    #[arg(long, value_name = "S", requires = "probes")]
+    pub zipf: Option<f64>,
     /// Header added to every message, NAME=VALUE (repeatable).
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_pair)]
     pub headers: Vec<(String, String)>,

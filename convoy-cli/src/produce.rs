@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use base64::Engine as _;
 use convoy::{ConnectConfig, OutgoingMessage, TopicSpec};
 use convoy_bench::scenario::prefill;
-use convoy_bench::OrderChecker;
+use convoy_bench::{KeySpread, OrderChecker};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 
 use crate::cli::{PayloadEncoding, ProduceArgs};
@@ -61,7 +61,8 @@ pub async fn run(config: &ConnectConfig, args: &ProduceArgs) -> crate::outcome::
     };
     if let Some(count) = args.generate.filter(|_| args.probes) {
         // The benchmark's own pre-fill: same messages, same batches as `convoy bench`.
-        prefill(publisher.as_ref(), &OrderChecker::new(), count, args.keys, 0)
+        let spread = KeySpread::new(args.keys, args.zipf).map_err(|e| format!("--zipf: {e}"))?;
+        prefill(publisher.as_ref(), &OrderChecker::new(), count, &spread, 0)
             .await
             .map_err(|e| e.to_string())?;
         published = count;

@@ -295,7 +295,7 @@ async fn bench(args: Args) -> Result<(), String> {
         &publisher,
         &OrderChecker::new(),
         args.messages,
-        args.keys,
+        &convoy_testkit::KeySpread::uniform(args.keys),
         args.payload,
     )
     .await

@@ -24,7 +24,7 @@ use convoy_testkit::probe::{unix_micros, Latency};
 use convoy_testkit::scenario::{
     bench_main, prefill, run, seed_load, seed_retry, Load, RecordCheck, Scenario, ScenarioBed, ScenarioReport,
 };
-use convoy_testkit::OrderChecker;
+use convoy_testkit::{KeySpread, OrderChecker};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Name {
@@ -49,6 +49,10 @@ struct Args {
     /// Override the scenario's key count (the sweeps of `scripts/bench/curves`).
     #[arg(long)]
     keys: Option<usize>,
+    /// Spread messages over the keys Zipf-skewed with this exponent (1.0: a few hot keys)
+    /// instead of round-robin.
+    #[arg(long, value_name = "S")]
+    zipf: Option<f64>,
     /// Override the handler's work: this many microseconds of async work per message (0: none).
     #[arg(long)]
     work_us: Option<u64>,
@@ -114,6 +118,7 @@ fn scenario(args: &Args) -> Result<Scenario, String> {
         name: name.to_owned(),
         messages: args.messages.unwrap_or(messages),
         keys: args.keys.unwrap_or(keys),
+        zipf: args.zipf,
         partitions: args.partitions.max(1),
         transient_rate,
         latency,
@@ -215,11 +220,12 @@ impl ScenarioBed for KafkaBed {
 
 /// Diagnostics: how fast convoy's transport alone delivers the topic (no engine).
 async fn transport_only(bed: &KafkaBed, scenario: &Scenario) -> Result<ScenarioReport, String> {
+    let spread = KeySpread::new(scenario.keys, scenario.zipf).map_err(|e| e.to_string())?;
     prefill(
         bed.publisher.as_ref(),
         &OrderChecker::new(),
         scenario.messages,
-        scenario.keys,
+        &spread,
         scenario.payload_bytes,
     )
     .await

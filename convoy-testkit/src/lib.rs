@@ -34,6 +34,8 @@ pub mod script;
 pub mod support;
 pub mod transforms;
 
-pub use convoy_bench::{checker, probe, scenario, timer};
-pub use convoy_bench::{CheckReport, FaultPlan, Latency, OrderChecker, ProbeHandler, RecordingSink};
+pub use convoy_bench::{checker, probe, scenario, spread, timer};
+pub use convoy_bench::{
+    CheckReport, FaultPlan, KeySpread, Latency, OrderChecker, ProbeHandler, RecordingSink,
+};
 pub use convoy_memory::{Faults, MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};

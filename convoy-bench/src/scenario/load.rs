@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use convoy_core::{Publisher, TransportError};
 
 use crate::checker::OrderChecker;
-use crate::probe::{probe_batch, probe_key, unix_micros, SENT_AT_HEADER};
+use crate::probe::{probe_batch_spread, probe_key, unix_micros, SENT_AT_HEADER};
+use crate::spread::KeySpread;
 
 /// Messages built per shared buffer: few enough that parallel shards rarely contend on one
 /// buffer's reference count (a real transport gives each message its own buffer).
@@ -20,12 +21,12 @@ const PREFILL_BATCH: usize = 16_384;
 /// Most messages sent in one live step when unthrottled.
 const LIVE_BURST: usize = 4_096;
 
-/// Publishes `messages` probes over `keys` keys, each payload padded to `payload_bytes`.
+/// Publishes `messages` probes over the keys of `spread`, each payload padded to `payload_bytes`.
 pub async fn prefill(
     publisher: &dyn Publisher,
     checker: &OrderChecker,
     messages: u64,
-    keys: usize,
+    spread: &KeySpread,
     payload_bytes: usize,
 ) -> Result<(), TransportError> {
     let total = messages as usize;
@@ -35,7 +36,14 @@ pub async fn prefill(
         let mut batch = Vec::with_capacity(end - from);
         while from < end {
             let count = CHUNK.min(end - from);
-            batch.extend(probe_batch(checker, "key-", keys, from, count, payload_bytes));
+            batch.extend(probe_batch_spread(
+                checker,
+                "key-",
+                spread,
+                from,
+                count,
+                payload_bytes,
+            ));
             from += count;
         }
         publisher.publish_all(batch).await?;
@@ -43,29 +51,37 @@ pub async fn prefill(
     Ok(())
 }
 
-/// Registers with `checker` the `messages` probes over `keys` keys that [`prefill`] publishes
-/// (key `key-{i % keys}` for message `i`), without publishing them: for a topic another process
-/// filled that way (`convoy produce --generate N --keys K --probes`).
-pub(super) fn register_prefilled(checker: &OrderChecker, messages: u64, keys: usize) {
-    let keys = keys.max(1) as u64;
+/// Registers with `checker` the `messages` probes that [`prefill`] publishes over `spread` (key
+/// `key-{spread.key_of(i)}` for message `i`), without publishing them: for a topic another
+/// process filled that way (`convoy produce --generate N --keys K --probes`).
+pub(super) fn register_prefilled(checker: &OrderChecker, messages: u64, spread: &KeySpread) {
     for i in 0..messages {
-        checker.expect(&probe_key("key-", (i % keys) as usize));
+        checker.expect(&probe_key("key-", spread.key_of(i)));
     }
 }
 
-/// Publishes `messages` probes stamped with their send time, at `rate` msg/s (open loop:
-/// message i is due at start + i / rate) or as fast as the publisher confirms. Returns the
-/// rate achieved.
+/// Publishes `messages` probes at `rate` msg/s (open loop: message i is due at start + i / rate)
+/// or as fast as the publisher confirms. Returns the rate achieved.
+///
+/// At a rate each message is stamped with its *intended* send instant, not the moment the
+/// producer got to it: a producer held up (by the broker, by the machine) sends late, and the
+/// wait counts in the message's latency. Without that, a stall would delay the stamps along with
+/// the messages and hide itself (coordinated omission). Unthrottled, the stamp is the send time.
 pub(super) async fn live(
     publisher: Arc<dyn Publisher>,
     checker: Arc<OrderChecker>,
     messages: u64,
-    keys: usize,
+    spread: KeySpread,
     rate: Option<f64>,
     payload_bytes: usize,
 ) -> Result<f64, TransportError> {
     let total = messages as usize;
     let start = Instant::now();
+    let start_us = unix_micros();
+    let intended_us = |i: usize| match rate {
+        Some(rate) => start_us + (i as f64 * 1e6 / rate) as u64,
+        None => unix_micros(),
+    };
     let mut sent = 0usize;
     while sent < total {
         let due = match rate {
@@ -78,18 +94,18 @@ pub(super) async fn live(
             continue;
         }
         let count = (due - sent).min(LIVE_BURST);
-        let stamped = unix_micros();
-        let stamp = stamped.to_string();
-        let batch = probe_batch(&checker, "key-", keys, sent, count, payload_bytes)
+        let stamps: Vec<u64> = (sent..sent + count).map(&intended_us).collect();
+        let batch = probe_batch_spread(&checker, "key-", &spread, sent, count, payload_bytes)
             .into_iter()
-            .map(|m| m.header(SENT_AT_HEADER, stamp.clone()))
+            .zip(&stamps)
+            .map(|(m, stamp)| m.header(SENT_AT_HEADER, stamp.to_string()))
             .collect();
         publisher.publish_all(batch).await?;
         // Every message of the batch is acknowledged once `publish_all` returns.
-        checker.acked(
-            Duration::from_micros(unix_micros().saturating_sub(stamped)),
-            count as u64,
-        );
+        let acked = unix_micros();
+        for stamp in stamps {
+            checker.acked(Duration::from_micros(acked.saturating_sub(stamp)), 1);
+        }
         sent += count;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
@@ -103,8 +119,8 @@ mod tests {
     #[test]
     fn registered_messages_are_the_ones_prefill_publishes() {
         let registered = OrderChecker::new();
-        register_prefilled(&registered, 7, 3);
-        let published = probe_batch(&OrderChecker::new(), "key-", 3, 0, 7, 0);
+        register_prefilled(&registered, 7, &KeySpread::uniform(3));
+        let published = crate::probe::probe_batch(&OrderChecker::new(), "key-", 3, 0, 7, 0);
         for m in &published {
             let key = m.key.as_deref().unwrap_or_default();
             let seq = decode_seq(&m.payload).unwrap_or(u64::MAX);
@@ -113,5 +129,25 @@ mod tests {
         let report = registered.report();
         assert!(report.is_clean() && registered.complete(), "{report:?}");
         assert_eq!((report.published, report.finished), (7, 7));
+    }
+
+    #[test]
+    fn registered_zipf_messages_are_the_ones_prefill_publishes() {
+        let spread = KeySpread::zipf(50, 1.0).unwrap();
+        let registered = OrderChecker::new();
+        register_prefilled(&registered, 500, &spread);
+        let published = probe_batch_spread(&OrderChecker::new(), "key-", &spread, 0, 500, 0);
+        for m in &published {
+            let key = m.key.as_deref().unwrap_or_default();
+            registered.handled(key, decode_seq(&m.payload).unwrap_or(u64::MAX), None);
+        }
+        let report = registered.report();
+        assert!(report.is_clean() && registered.complete(), "{report:?}");
+        // Skewed: key 0 has far more than its uniform share (10).
+        let hot = published
+            .iter()
+            .filter(|m| m.key.as_deref() == Some(&b"key-0"[..]))
+            .count();
+        assert!(hot > 50, "{hot}");
     }
 }

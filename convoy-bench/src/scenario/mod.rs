@@ -20,6 +20,7 @@
 mod load;
 mod report;
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,10 +31,13 @@ use convoy_core::{
 };
 
 pub use load::prefill;
-pub use report::{bench_main, peak_rss_mb, reset_peak_rss, rss_mb, Measured, Reference, ScenarioReport};
+pub use report::{
+    bench_main, cpu_seconds, peak_rss_mb, reset_peak_rss, rss_mb, Measured, Reference, ScenarioReport,
+};
 
 use crate::checker::OrderChecker;
 use crate::probe::{FaultPlan, Latency, ProbeHandler, RecordingSink};
+use crate::spread::KeySpread;
 
 /// How messages are offered.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -58,8 +62,11 @@ pub struct Scenario {
     pub name: String,
     /// Messages to publish and consume.
     pub messages: u64,
-    /// Distinct keys (messages are spread round-robin over them).
+    /// Distinct keys (messages are spread round-robin over them, or by [`Scenario::zipf`]).
     pub keys: usize,
+    /// Spread messages over the keys Zipf-skewed with this exponent (key 0 the hottest) instead
+    /// of round-robin.
+    pub zipf: Option<f64>,
     /// Sources (partitions) of the topic.
     pub partitions: u32,
     /// Engine shards (0: the engine default, four per CPU).
@@ -93,6 +100,7 @@ impl Default for Scenario {
             name: "custom".to_owned(),
             messages: 1_000_000,
             keys: 10_000,
+            zipf: None,
             partitions: 8,
             shards: 0,
             latency: Latency::None,
@@ -144,9 +152,9 @@ pub type RecordCheck = Arc<dyn Fn(&[u8], &[u8]) + Send + Sync>;
 /// does for each message it handles: decode the probe's sequence number and record it, with a
 /// latency, in an order checker of its own (the same expectations: the baseline drains the same
 /// topic). Without it the checker's locks and histogram were charged to convoy alone.
-pub fn baseline_check(messages: u64, keys: usize) -> (RecordCheck, Arc<OrderChecker>) {
-    let checker = Arc::new(OrderChecker::with_capacity(keys));
-    load::register_prefilled(&checker, messages, keys);
+pub fn baseline_check(messages: u64, spread: &KeySpread) -> (RecordCheck, Arc<OrderChecker>) {
+    let checker = Arc::new(OrderChecker::with_capacity(spread.keys()));
+    load::register_prefilled(&checker, messages, spread);
     let check = {
         let checker = checker.clone();
         Arc::new(move |key: &[u8], payload: &[u8]| {
@@ -157,6 +165,50 @@ pub fn baseline_check(messages: u64, keys: usize) -> (RecordCheck, Arc<OrderChec
         })
     };
     (check, checker)
+}
+
+/// The process's CPU seconds from a baseline's first message to its `expected`-th, the span its
+/// rate is timed on (the client's start and group join left out, as the engine's are).
+pub struct CpuSpan {
+    seen: AtomicU64,
+    /// f64 bits of the CPU clock at the first and at the last message.
+    first: AtomicU64,
+    last: AtomicU64,
+}
+
+impl CpuSpan {
+    /// The CPU seconds between the first and the last message (0 if the drain did not end).
+    pub fn seconds(&self) -> f64 {
+        let (first, last) = (self.first.load(Relaxed), self.last.load(Relaxed));
+        if last == 0 {
+            0.0
+        } else {
+            f64::from_bits(last) - f64::from_bits(first)
+        }
+    }
+}
+
+/// Wraps `check` to measure [`CpuSpan`] over `expected` messages.
+pub fn cpu_span(check: RecordCheck, expected: u64) -> (RecordCheck, Arc<CpuSpan>) {
+    let span = Arc::new(CpuSpan {
+        seen: AtomicU64::new(0),
+        first: AtomicU64::new(0),
+        last: AtomicU64::new(0),
+    });
+    let wrapped = {
+        let span = span.clone();
+        Arc::new(move |key: &[u8], payload: &[u8]| {
+            let n = span.seen.fetch_add(1, Relaxed) + 1;
+            if n == 1 {
+                span.first.store(cpu_seconds().to_bits(), Relaxed);
+            }
+            check(key, payload);
+            if n == expected {
+                span.last.store(cpu_seconds().to_bits(), Relaxed);
+            }
+        })
+    };
+    (wrapped, span)
 }
 
 /// What the seed measured on its own scenario (50,000 messages, 10 keys, 10 % failing
@@ -205,18 +257,19 @@ pub async fn run(
     scenario: &Scenario,
     progress: Progress<'_>,
 ) -> Result<ScenarioReport, String> {
+    let spread = KeySpread::new(scenario.keys, scenario.zipf).map_err(|e| e.to_string())?;
     let checker = Arc::new(OrderChecker::with_capacity(scenario.keys));
     match scenario.load {
         Load::Prefill => prefill(
             bed.publisher().as_ref(),
             &checker,
             scenario.messages,
-            scenario.keys,
+            &spread,
             scenario.payload_bytes,
         )
         .await
         .map_err(|e| format!("filling the topic failed: {e}"))?,
-        Load::Prefilled => load::register_prefilled(&checker, scenario.messages, scenario.keys),
+        Load::Prefilled => load::register_prefilled(&checker, scenario.messages, &spread),
         Load::Live { .. } => {}
     }
     let rss_before = rss_mb();
@@ -231,7 +284,7 @@ pub async fn run(
     };
     let held = scenario
         .hold_one_key
-        .then(|| hold_one_key(&mut plan, checker.clone(), scenario, bed.partitions()));
+        .then(|| hold_one_key(&mut plan, checker.clone(), scenario, &spread, bed.partitions()));
     let handler = ProbeHandler::with_faults(checker.clone(), plan).without_in_flight_tracking();
     let mut config = EngineConfig::for_group(bed.group());
     config.shards = scenario.shards;
@@ -266,14 +319,19 @@ pub async fn run(
                 bed.publisher(),
                 checker.clone(),
                 scenario.messages,
-                scenario.keys,
+                spread.clone(),
                 rate,
                 scenario.payload_bytes,
             )))
         }
     };
     let started = Instant::now();
+    // The process's CPU over the span the throughput is timed on (a drain: from its first
+    // finished message, to within the wait loop's 200 µs; a live load: from the producer's
+    // start, its CPU included), to the last.
+    let cpu_started = cpu_seconds();
     let completed = wait_with_progress(&checker, scenario, progress).await;
+    let cpu_s = cpu_seconds() - cpu_started;
     let elapsed = match (&producer, checker.finishing_span()) {
         // A drain is timed by the messages themselves, from the first finished to the last:
         // waiting for the first one above can miss the start of a short drain.
@@ -296,24 +354,30 @@ pub async fn run(
         ),
         None => None,
     };
-    let baseline = if scenario.baseline {
-        let (check, _) = baseline_check(scenario.messages, scenario.keys);
-        bed.bare_drain(scenario.messages, scenario.limit, check)
+    let (baseline, baseline_cpu_s) = if scenario.baseline {
+        let (check, _) = baseline_check(scenario.messages, &spread);
+        let (check, cpu) = cpu_span(check, scenario.messages);
+        let rate = bed
+            .bare_drain(scenario.messages, scenario.limit, check)
             .await
-            .map_err(|e| format!("the baseline failed: {e}"))?
+            .map_err(|e| format!("the baseline failed: {e}"))?;
+        (rate, cpu.seconds())
     } else {
-        0.0
+        (0.0, 0.0)
     };
     let mut report = ScenarioReport::new(Measured {
         scenario: &scenario.name,
         transport: bed.transport(),
         messages: scenario.messages,
         keys: scenario.keys,
+        spread: &spread,
         elapsed_s: elapsed,
         completed,
         checker: &checker,
         stats: engine_report.stats,
         baseline_msg_s: baseline,
+        cpu_s,
+        baseline_cpu_s,
         rss_before_mb: rss_before,
         peak_rss_mb: peak_rss,
         threads,
@@ -331,18 +395,20 @@ fn hold_one_key(
     plan: &mut FaultPlan,
     checker: Arc<OrderChecker>,
     scenario: &Scenario,
+    spread: &KeySpread,
     partitions: u32,
 ) -> tokio::task::JoinHandle<()> {
     let key = crate::probe::probe_key("key-", 0);
     let partition = convoy_core::partitioner::partition_for_key(&key, partitions);
-    // Messages go round-robin over the keys: key k gets messages k, k + keys, …
-    let keys = scenario.keys.max(1) as u64;
-    let same_source = (0..scenario.keys)
-        .filter(|&k| {
+    let same_source = spread
+        .counts(scenario.messages)
+        .into_iter()
+        .enumerate()
+        .filter(|&(k, _)| {
             convoy_core::partitioner::partition_for_key(&crate::probe::probe_key("key-", k), partitions)
                 == partition
         })
-        .map(|k| scenario.messages / keys + u64::from((k as u64) < scenario.messages % keys))
+        .map(|(_, n)| n)
         .sum::<u64>();
     let latch = plan.hold_key(key);
     let elsewhere = scenario.messages - same_source;

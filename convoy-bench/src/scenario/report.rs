@@ -15,6 +15,8 @@ pub struct ScenarioReport {
     pub messages: u64,
     /// Distinct keys.
     pub keys: usize,
+    /// How messages were spread over the keys: `uniform` (round-robin) or `zipf s=…`.
+    pub key_spread: String,
     /// Seconds from engine start until every message finished.
     pub elapsed_s: f64,
     /// messages / elapsed.
@@ -49,6 +51,16 @@ pub struct ScenarioReport {
     pub baseline_throughput_msg_s: f64,
     /// throughput / baseline.
     pub ratio_to_baseline: f64,
+    /// CPU time (user + system, every thread of the process) per message over the span the
+    /// throughput is timed on, microseconds: a drain's first finished message to its last (a
+    /// live load's producer and an in-process broker included).
+    pub cpu_us_per_msg: f64,
+    /// The same for the bare client's drain of the same topic, from its first message to its
+    /// last (0 when not run).
+    pub baseline_cpu_us_per_msg: f64,
+    /// cpu_us_per_msg / baseline_cpu_us_per_msg: what convoy costs per message against reading
+    /// it (NaN, null in JSON, without a baseline).
+    pub cpu_ratio_to_baseline: f64,
     /// Peak resident memory of the process while the engine ran (before the baseline), MiB
     /// (broker storage included).
     pub peak_rss_mb: f64,
@@ -115,6 +127,8 @@ pub struct Measured<'a> {
     pub messages: u64,
     /// Distinct keys.
     pub keys: usize,
+    /// How the messages were spread over them.
+    pub spread: &'a crate::spread::KeySpread,
     /// Seconds measured.
     pub elapsed_s: f64,
     /// Whether every message finished before the limit.
@@ -125,6 +139,10 @@ pub struct Measured<'a> {
     pub stats: convoy_core::StatsSnapshot,
     /// The bare baseline's rate (0 when not run).
     pub baseline_msg_s: f64,
+    /// The process's CPU seconds while the engine ran.
+    pub cpu_s: f64,
+    /// The process's CPU seconds while the baseline drained (0 when not run).
+    pub baseline_cpu_s: f64,
     /// Resident memory before the engine started, MiB.
     pub rss_before_mb: f64,
     /// Peak resident memory while the engine ran, MiB: read before the baseline drains the
@@ -191,11 +209,13 @@ impl ScenarioReport {
         let mib = |bytes: usize| bytes as f64 / f64::from(1 << 20);
         let bound = m.back_pressure.total_bytes_high + m.back_pressure.prefetch_limit().bytes;
         let peak_rss = m.peak_rss_mb;
+        let per_msg = |cpu_s: f64| cpu_s * 1e6 / m.messages.max(1) as f64;
         ScenarioReport {
             scenario: m.scenario.to_owned(),
             transport: m.transport.to_owned(),
             messages: m.messages,
             keys: m.keys,
+            key_spread: m.spread.describe(),
             elapsed_s: m.elapsed_s,
             throughput_msg_s: throughput,
             p50_ms: ms(latency.p50),
@@ -225,6 +245,12 @@ impl ScenarioReport {
                 throughput / baseline
             } else {
                 f64::NAN
+            },
+            cpu_us_per_msg: per_msg(m.cpu_s),
+            baseline_cpu_us_per_msg: per_msg(m.baseline_cpu_s),
+            cpu_ratio_to_baseline: match m.baseline_cpu_s > 0.0 {
+                true => m.cpu_s / m.baseline_cpu_s,
+                false => f64::NAN,
             },
             peak_rss_mb: peak_rss,
             rss_after_prefill_mb: m.rss_before_mb,
@@ -258,7 +284,10 @@ impl ScenarioReport {
         let mut row = |k: &str, v: String| rows.push((k.to_owned(), v));
         row("scenario", self.scenario.clone());
         row("transport", self.transport.clone());
-        row("messages / keys", format!("{} / {}", self.messages, self.keys));
+        row(
+            "messages / keys",
+            format!("{} / {} ({})", self.messages, self.keys, self.key_spread),
+        );
         row("elapsed", format!("{:.3} s", self.elapsed_s));
         row(
             "throughput",
@@ -324,6 +353,18 @@ impl ScenarioReport {
                 (true, true) => format!("{:.3}", self.ratio_to_baseline),
             },
         );
+        if self.cpu_us_per_msg > 0.0 {
+            row(
+                "CPU per message",
+                match self.cpu_ratio_to_baseline.is_finite() {
+                    true => format!(
+                        "{:.2} µs; bare client {:.2} µs ({:.2}×)",
+                        self.cpu_us_per_msg, self.baseline_cpu_us_per_msg, self.cpu_ratio_to_baseline
+                    ),
+                    false => format!("{:.2} µs", self.cpu_us_per_msg),
+                },
+            );
+        }
         self.memory_rows(&mut row, &mut notes);
         row(
             "result",
@@ -515,6 +556,19 @@ pub fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
+/// CPU time this process spent so far, user and system, every thread's (those that ended too),
+/// in seconds: what a benchmark charges per message, which a busy machine moves far less than
+/// wall time.
+pub fn cpu_seconds() -> f64 {
+    #[cfg(target_os = "linux")]
+    {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+    }
+    #[cfg(not(target_os = "linux"))]
+    0.0
+}
+
 /// Peak resident set size of this process in MiB (Linux `VmHWM`), 0 if unknown.
 pub fn peak_rss_mb() -> f64 {
     proc_status_mb("VmHWM:")
@@ -558,11 +612,14 @@ mod tests {
             transport: "memory",
             messages: 1,
             keys: 1,
+            spread: &crate::spread::KeySpread::uniform(1),
             elapsed_s: 1.0,
             completed: true,
             checker: &checker,
             stats,
             baseline_msg_s: 0.0,
+            cpu_s: 0.5,
+            baseline_cpu_s: 0.0,
             rss_before_mb: 100.0,
             peak_rss_mb: 100.0 + rss_growth_mb,
             threads: 0,
