@@ -395,13 +395,15 @@ impl OrderChecker {
         recorder.in_engine_us.saturating_record(micros(in_engine));
     }
 
-    /// Records that the broker acknowledged `messages` messages `after` they were produced (the
-    /// load generator's stamp → its publisher's confirmation: the producer and the broker's
-    /// append, the first part of produce → engine).
-    pub fn acked(&self, after: Duration, messages: u64) {
+    /// Records that the broker acknowledged, at `at_us` (microseconds since the Unix epoch), the
+    /// messages stamped `stamps_us` (the load generator's stamp → its publisher's confirmation:
+    /// the producer and the broker's append, the first part of produce → engine).
+    pub fn acked(&self, at_us: u64, stamps_us: &[u64]) {
         let mut h = self.acked_us.lock().unwrap_or_else(|p| p.into_inner());
-        let value = micros(after).min(h.high());
-        let _ = h.record_n(value, messages);
+        for &stamp in stamps_us {
+            let value = at_us.saturating_sub(stamp).min(h.high());
+            let _ = h.record(value);
+        }
     }
 
     /// Percentiles of [`acked`](Self::acked); `None` if nothing was recorded.

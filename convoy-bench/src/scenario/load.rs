@@ -78,10 +78,6 @@ pub(super) async fn live(
     let total = messages as usize;
     let start = Instant::now();
     let start_us = unix_micros();
-    let intended_us = |i: usize| match rate {
-        Some(rate) => start_us + (i as f64 * 1e6 / rate) as u64,
-        None => unix_micros(),
-    };
     let mut sent = 0usize;
     while sent < total {
         let due = match rate {
@@ -94,7 +90,12 @@ pub(super) async fn live(
             continue;
         }
         let count = (due - sent).min(LIVE_BURST);
-        let stamps: Vec<u64> = (sent..sent + count).map(&intended_us).collect();
+        let stamps: Vec<u64> = match rate {
+            Some(rate) => (sent..sent + count)
+                .map(|i| start_us + (i as f64 * 1e6 / rate) as u64)
+                .collect(),
+            None => vec![unix_micros(); count],
+        };
         let batch = probe_batch_spread(&checker, "key-", &spread, sent, count, payload_bytes)
             .into_iter()
             .zip(&stamps)
@@ -102,10 +103,7 @@ pub(super) async fn live(
             .collect();
         publisher.publish_all(batch).await?;
         // Every message of the batch is acknowledged once `publish_all` returns.
-        let acked = unix_micros();
-        for stamp in stamps {
-            checker.acked(Duration::from_micros(acked.saturating_sub(stamp)), 1);
-        }
+        checker.acked(unix_micros(), &stamps);
         sent += count;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())

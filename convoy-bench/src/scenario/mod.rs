@@ -169,7 +169,7 @@ pub fn baseline_check(messages: u64, spread: &KeySpread) -> (RecordCheck, Arc<Or
 
 /// The process's CPU seconds from a baseline's first message to its `expected`-th, the span its
 /// rate is timed on (the client's start and group join left out, as the engine's are).
-pub struct CpuSpan {
+struct CpuSpan {
     seen: AtomicU64,
     /// f64 bits of the CPU clock at the first and at the last message.
     first: AtomicU64,
@@ -178,7 +178,7 @@ pub struct CpuSpan {
 
 impl CpuSpan {
     /// The CPU seconds between the first and the last message (0 if the drain did not end).
-    pub fn seconds(&self) -> f64 {
+    fn seconds(&self) -> f64 {
         let (first, last) = (self.first.load(Relaxed), self.last.load(Relaxed));
         if last == 0 {
             0.0
@@ -189,7 +189,7 @@ impl CpuSpan {
 }
 
 /// Wraps `check` to measure [`CpuSpan`] over `expected` messages.
-pub fn cpu_span(check: RecordCheck, expected: u64) -> (RecordCheck, Arc<CpuSpan>) {
+fn cpu_span(check: RecordCheck, expected: u64) -> (RecordCheck, Arc<CpuSpan>) {
     let span = Arc::new(CpuSpan {
         seen: AtomicU64::new(0),
         first: AtomicU64::new(0),
@@ -369,7 +369,6 @@ pub async fn run(
         scenario: &scenario.name,
         transport: bed.transport(),
         messages: scenario.messages,
-        keys: scenario.keys,
         spread: &spread,
         elapsed_s: elapsed,
         completed,

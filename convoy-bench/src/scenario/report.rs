@@ -125,9 +125,7 @@ pub struct Measured<'a> {
     pub transport: &'a str,
     /// Messages published.
     pub messages: u64,
-    /// Distinct keys.
-    pub keys: usize,
-    /// How the messages were spread over them.
+    /// The keys and how the messages were spread over them.
     pub spread: &'a crate::spread::KeySpread,
     /// Seconds measured.
     pub elapsed_s: f64,
@@ -214,7 +212,7 @@ impl ScenarioReport {
             scenario: m.scenario.to_owned(),
             transport: m.transport.to_owned(),
             messages: m.messages,
-            keys: m.keys,
+            keys: m.spread.keys(),
             key_spread: m.spread.describe(),
             elapsed_s: m.elapsed_s,
             throughput_msg_s: throughput,
@@ -611,7 +609,6 @@ mod tests {
             scenario: "custom",
             transport: "memory",
             messages: 1,
-            keys: 1,
             spread: &crate::spread::KeySpread::uniform(1),
             elapsed_s: 1.0,
             completed: true,
