@@ -67,6 +67,17 @@ pub async fn create_stream(config: &AmqpConfig, name: &str) -> Result<(), Transp
     result
 }
 
+/// Declares the dead-letter stream `name` for a consumer about to start: one the broker cannot
+/// serve now is said in a warning, not an error (see [`topology::declare_dead_letter_stream`]).
+pub async fn create_dead_letter_stream(config: &AmqpConfig, name: &str) -> Result<(), TransportError> {
+    let connection = connect(config, "admin").await?;
+    let result = topology::declare_dead_letter_stream(&connection, name)
+        .await
+        .map_err(TransportError::from);
+    crate::connect::close(&connection, "done").await;
+    result
+}
+
 /// True if the dead-letter stream `name` exists (the registry lists topics, not these).
 pub async fn dead_letter_stream_exists(config: &AmqpConfig, name: &str) -> Result<bool, TransportError> {
     let connection = connect(config, "admin").await?;

@@ -44,6 +44,14 @@ pub fn amqp_error(e: &lapin::Error) -> Option<(u16, &str)> {
     }
 }
 
+/// True if the broker's answer is RabbitMQ's 404 for a queue that exists but whose home node
+/// cannot serve it now ("home node … of durable queue … is down or inaccessible"): after a node
+/// restart, until the queue is back (for a stream declared moments before a crash, RabbitMQ 3.10
+/// may keep saying so). The queue is not missing.
+pub fn home_node_down(e: &lapin::Error) -> bool {
+    amqp_error(e).is_some_and(|(code, text)| code == 404 && text.contains("down or inaccessible"))
+}
+
 /// Declaring the topology failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
@@ -101,6 +109,8 @@ pub fn broker(context: &str, e: lapin::Error) -> TransportError {
         Some((403 | 530, text)) => TransportError::Fatal(format!("{context}: {text}")),
         // CONNECTION_FORCED: the node is shutting down.
         Some((320, text)) => TransportError::Unavailable(format!("{context}: {text}")),
+        // The queue's home node is down or restarting: waited out like a lost connection.
+        Some((404, text)) if home_node_down(&e) => TransportError::Unavailable(format!("{context}: {text}")),
         // The connection is gone (reset, closed under the call, heartbeats missed): an outage,
         // waited out and reconnected, never a reason to stop.
         _ if matches!(
@@ -116,6 +126,7 @@ pub fn broker(context: &str, e: lapin::Error) -> TransportError {
 
 #[cfg(test)]
 mod tests {
+    use lapin::protocol::{AMQPError, AMQPSoftError};
     use lapin::ConnectionState;
 
     use super::*;
@@ -133,6 +144,15 @@ mod tests {
             let e = broker("declaring the topology", lapin::Error::from(kind));
             assert!(matches!(e, TransportError::Unavailable(_)), "{e}");
         }
+        let down = lapin::Error::from(ErrorKind::ProtocolError(AMQPError::new(
+            AMQPSoftError::NOTFOUND.into(),
+            "NOT_FOUND - home node 'rabbit@localhost' of durable queue 'orders.dlq' in vhost '/' is \
+             down or inaccessible"
+                .into(),
+        )));
+        assert!(home_node_down(&down));
+        let e = broker("declaring the topology", down);
+        assert!(matches!(e, TransportError::Unavailable(_)), "{e}");
         let e = broker("declaring", lapin::Error::from(ErrorKind::ChannelsLimitReached));
         assert!(
             !matches!(e, TransportError::Unavailable(_)) && !e.is_fatal(),

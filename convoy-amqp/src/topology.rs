@@ -28,7 +28,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 
-use crate::error::{amqp_error, answered, broker, TopologyError};
+use crate::error::{amqp_error, answered, broker, home_node_down, TopologyError};
 
 pub use crate::names::{
     extra_token, members_queue, owner_lock, partition_queue, partitions_marker, routing_key,
@@ -185,6 +185,8 @@ pub(crate) async fn exists(conn: &Connection, exchange: bool, name: &str) -> Res
         };
         match answer {
             Ok(()) => Ok(true),
+            // A queue whose home node is down exists; it cannot be served now.
+            Err(e) if home_node_down(&e) => Ok(true),
             Err(e) if amqp_error(&e).is_some_and(|(code, _)| code == 404) => Ok(false),
             Err(e) => Err(TopologyError::Broker(e)),
         }
@@ -223,21 +225,7 @@ pub async fn declare_topic(
     let dead_letters = config.dlq_topic();
     let args = partition_args(config.delivery_limit, &dead_letters);
     // Before the queues that dead-letter to it: a message routed to a missing queue is dropped.
-    // A stream the broker cannot serve now (RabbitMQ 3.10 leaves a stream declared moments
-    // before a node crash "down or inaccessible" after the restart) does not stop consuming:
-    // dead letters wait in their lanes — the sink declares it again on every failed one —
-    // until it serves again or an operator deletes it. Only another queue of its name stops.
-    match declare_stream(conn, &dead_letters).await {
-        Ok(()) => {}
-        Err(e @ TopologyError::Mismatch { .. }) => return Err(e),
-        Err(e) => tracing::warn!(
-            stream = %dead_letters,
-            error = %e,
-            "the dead-letter stream cannot be declared now; consuming goes on, dead letters wait \
-             until it can (if it stays so, look at the stream on the broker: it may hold dead \
-             letters, so convoy never removes it)"
-        ),
-    }
+    declare_dead_letter_stream(conn, &dead_letters).await?;
     on_own_channel(conn, |channel| async move {
         declare_exchange(&channel, topic, partitions).await?;
         for p in 0..partitions {
@@ -258,6 +246,28 @@ pub async fn declare_topic(
     })
     .await?;
     Ok(declared)
+}
+
+/// Declares the dead-letter stream `name` for a consumer. A stream the broker cannot serve now
+/// (RabbitMQ 3.10 leaves a stream declared moments before a node crash "down or inaccessible"
+/// after the restart) does not stop consuming: dead letters wait in their lanes — the sink
+/// declares it again on every failed one — until it serves again or an operator deletes it.
+/// Only another queue of its name stops.
+pub async fn declare_dead_letter_stream(conn: &Connection, name: &str) -> Result<(), TopologyError> {
+    match declare_stream(conn, name).await {
+        Err(e @ TopologyError::Mismatch { .. }) => Err(e),
+        Err(e) => {
+            tracing::warn!(
+                stream = %name,
+                error = %e,
+                "the dead-letter stream cannot be declared now; consuming goes on, dead letters \
+                 wait until it can (if it stays so, look at the stream on the broker: it may hold \
+                 dead letters, so convoy never removes it)"
+            );
+            Ok(())
+        }
+        Ok(()) => Ok(()),
+    }
 }
 
 /// Declares the dead-letter stream `name`.

@@ -281,7 +281,17 @@ impl Connection {
             self.create_topic(topic, self.endpoint.partitions).await?;
         }
         if let Some(dlq) = self.endpoint.dlq_topic() {
-            self.create_topic(&dlq, 1).await?;
+            match &self.backend {
+                // Consuming goes on while RabbitMQ cannot serve the stream (its node restarting):
+                // dead letters wait in their lanes until it can.
+                #[cfg(feature = "amqp")]
+                Backend::Amqp(config) => {
+                    let config = backend::amqp::config_for(config, &self.endpoint, false)?;
+                    convoy_amqp::admin::create_dead_letter_stream(&config, &dlq).await?;
+                }
+                #[allow(unreachable_patterns)]
+                _ => self.create_topic(&dlq, 1).await?,
+            }
         }
         Ok(())
     }
