@@ -332,6 +332,7 @@ pub async fn run(
     let cpu_started = cpu_seconds();
     let completed = wait_with_progress(&checker, scenario, progress).await;
     let cpu_s = cpu_seconds() - cpu_started;
+    let rss_after_drain = rss_mb();
     let elapsed = match (&producer, checker.finishing_span()) {
         // A drain is timed by the messages themselves, from the first finished to the last:
         // waiting for the first one above can miss the start of a short drain.
@@ -379,6 +380,7 @@ pub async fn run(
         baseline_cpu_s,
         rss_before_mb: rss_before,
         peak_rss_mb: peak_rss,
+        rss_after_drain_mb: rss_after_drain,
         threads,
         back_pressure: scenario.back_pressure,
     });

@@ -67,6 +67,9 @@ pub struct ScenarioReport {
     /// Resident memory once the topic was filled, before the engine started, MiB: the
     /// in-process broker's storage and the checker's bookkeeping, not the engine's.
     pub rss_after_prefill_mb: f64,
+    /// Resident memory once every message finished, the engine still running and idle, MiB:
+    /// what it keeps after a drain (against `rss_after_prefill_mb`, its start).
+    pub rss_after_drain_mb: f64,
     /// Most messages the engine held at once.
     pub peak_held: usize,
     /// Most bytes (keys, payloads, headers) the engine held at once, MiB.
@@ -146,6 +149,8 @@ pub struct Measured<'a> {
     /// Peak resident memory while the engine ran, MiB: read before the baseline drains the
     /// topic again (with bookkeeping of its own, which is not the engine's memory).
     pub peak_rss_mb: f64,
+    /// Resident memory once every message finished, before the engine stopped, MiB.
+    pub rss_after_drain_mb: f64,
     /// Threads of the process once every message finished, before the engine stopped.
     pub threads: u64,
     /// The bounds the engine ran with.
@@ -252,6 +257,7 @@ impl ScenarioReport {
             },
             peak_rss_mb: peak_rss,
             rss_after_prefill_mb: m.rss_before_mb,
+            rss_after_drain_mb: m.rss_after_drain_mb,
             peak_held: m.stats.peak_held,
             peak_held_mb: mib(m.stats.peak_held_bytes),
             peak_window: m.stats.peak_window,
@@ -465,7 +471,13 @@ impl ScenarioReport {
 
     /// Resident memory and what the engine held, against their bounds.
     fn memory_rows(&self, row: &mut impl FnMut(&str, String), notes: &mut Vec<String>) {
-        row("peak RSS", format!("{:.1} MiB", self.peak_rss_mb));
+        row(
+            "RSS at start / peak / after the drain",
+            format!(
+                "{:.1} / {:.1} / {:.1} MiB",
+                self.rss_after_prefill_mb, self.peak_rss_mb, self.rss_after_drain_mb
+            ),
+        );
         if self.threads > 0 {
             row("threads", self.threads.to_string());
         }
@@ -619,6 +631,7 @@ mod tests {
             baseline_cpu_s: 0.0,
             rss_before_mb: 100.0,
             peak_rss_mb: 100.0 + rss_growth_mb,
+            rss_after_drain_mb: 100.0,
             threads: 0,
             back_pressure: convoy_core::BackPressure::default(),
         })

@@ -44,6 +44,8 @@ public final class ParallelConsumerBench {
         int keys = 1_000;
         double workMs = 0;
         int maxConcurrency = 256;
+        int batchSize = 1;
+        CommitMode commitMode = CommitMode.PERIODIC_CONSUMER_ASYNCHRONOUS;
         int warmups = 3;
         long fetchMaxWaitMs = -1; // the client's default
         long limitS = 600;
@@ -63,6 +65,8 @@ public final class ParallelConsumerBench {
                     case "--keys": s.keys = Integer.parseInt(v); break;
                     case "--work-ms": s.workMs = Double.parseDouble(v); break;
                     case "--max-concurrency": s.maxConcurrency = Integer.parseInt(v); break;
+                    case "--batch-size": s.batchSize = Integer.parseInt(v); break;
+                    case "--commit-mode": s.commitMode = CommitMode.valueOf(v); break;
                     case "--warmups": s.warmups = Integer.parseInt(v); break;
                     case "--fetch-max-wait-ms": s.fetchMaxWaitMs = Long.parseLong(v); break;
                     case "--limit-s": s.limitS = Long.parseLong(v); break;
@@ -72,8 +76,8 @@ public final class ParallelConsumerBench {
             if (s.topic == null) {
                 throw new IllegalArgumentException("--topic is required");
             }
-            if (s.messages < 1 || s.keys < 1 || s.maxConcurrency < 1 || s.workMs < 0) {
-                throw new IllegalArgumentException("--messages, --keys and --max-concurrency must be positive");
+            if (s.messages < 1 || s.keys < 1 || s.maxConcurrency < 1 || s.batchSize < 1 || s.workMs < 0) {
+                throw new IllegalArgumentException("--messages, --keys, --max-concurrency and --batch-size must be positive");
             }
             return s;
         }
@@ -155,16 +159,19 @@ public final class ParallelConsumerBench {
             }
         }
 
-        /** Messages of the load (key-k gets messages k, k + keys, …) never finished. */
-        long lost(int keyCount) {
-            long lost = 0;
-            for (int k = 0; k < keyCount; k++) {
-                long expected = messages / keyCount + (k < messages % keyCount ? 1 : 0);
-                KeyState state = keys.get("key-" + k);
-                long seen = state == null ? 0 : state.frontier + (state.ahead == null ? 0 : state.ahead.size());
-                lost += Math.max(0, expected - seen);
+        /**
+         * Messages of the load never finished: each (key, sequence number) is distinct, so the
+         * distinct ones seen, whatever the keys' spread (round-robin or Zipf), count against
+         * the load's size.
+         */
+        long lost() {
+            long seen = 0;
+            for (KeyState state : keys.values()) {
+                synchronized (state) {
+                    seen += state.frontier + (state.ahead == null ? 0 : state.ahead.size());
+                }
             }
-            return lost;
+            return Math.max(0, messages - seen);
         }
     }
 
@@ -222,6 +229,8 @@ public final class ParallelConsumerBench {
                     + ",\"keys\":" + s.keys
                     + ",\"work_ms\":" + s.workMs
                     + ",\"max_concurrency\":" + s.maxConcurrency
+                    + ",\"batch_size\":" + s.batchSize
+                    + ",\"commit_mode\":\"" + s.commitMode + "\""
                     + ",\"completed\":" + completed
                     + ",\"elapsed_s\":" + elapsedS
                     + ",\"throughput_msg_s\":" + (elapsedS > 0 ? s.messages / elapsedS : 0)
@@ -242,14 +251,19 @@ public final class ParallelConsumerBench {
         ParallelConsumerOptions<String, byte[]> options = ParallelConsumerOptions.<String, byte[]>builder()
                 .consumer(consumer(s, group))
                 .ordering(ProcessingOrder.KEY)
-                .commitMode(CommitMode.PERIODIC_CONSUMER_ASYNCHRONOUS)
+                .commitMode(s.commitMode)
                 .maxConcurrency(s.maxConcurrency)
+                .batchSize(s.batchSize)
                 .build();
         ParallelStreamProcessor<String, byte[]> processor = ParallelStreamProcessor.createEosStreamProcessor(options);
         processor.subscribe(List.of(s.topic));
+        // A batch (batchSize > 1) holds records of distinct keys or a key's records in order; each
+        // is handled in turn, and the work is per record.
         processor.poll(context -> {
             try {
-                checker.handle(context.getSingleConsumerRecord(), workNanos);
+                for (ConsumerRecord<String, byte[]> record : context.getConsumerRecordsFlattened()) {
+                    checker.handle(record, workNanos);
+                }
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
             }
@@ -271,7 +285,7 @@ public final class ParallelConsumerBench {
         double elapsedS = completed ? (checker.lastNanos - checker.firstNanos.get()) / 1e9 : 0;
         processor.closeDontDrainFirst(Duration.ofSeconds(30));
         return new Run(s, group, warmup, completed, elapsedS, checker.violations.get(), checker.overlaps.get(),
-                checker.duplicates.get(), checker.malformed.get(), checker.lost(s.keys), error);
+                checker.duplicates.get(), checker.malformed.get(), checker.lost(), error);
     }
 
     public static void main(String[] args) throws Exception {
