@@ -22,7 +22,8 @@ use convoy_core::{DeadLetterSink, Publisher, Transport, TransportError};
 use convoy_kafka::{admin, baseline, KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransport};
 use convoy_testkit::probe::{unix_micros, Latency};
 use convoy_testkit::scenario::{
-    bench_main, prefill, run, seed_load, seed_retry, Load, RecordCheck, Scenario, ScenarioBed, ScenarioReport,
+    bench_main, peak_rss_mb, prefill, reset_peak_rss, rss_mb, run, seed_load, seed_retry, Load, RecordCheck,
+    Scenario, ScenarioBed, ScenarioReport,
 };
 use convoy_testkit::{KeySpread, OrderChecker};
 
@@ -230,6 +231,9 @@ async fn transport_only(bed: &KafkaBed, scenario: &Scenario) -> Result<ScenarioR
     )
     .await
     .map_err(|e| e.to_string())?;
+    // Resident memory as the engine's runs report it: what the client and its prefetch take.
+    let rss_start = rss_mb();
+    reset_peak_rss();
     let mut sub = bed
         .subscribe_with(scenario.back_pressure.prefetch_limit())
         .await
@@ -249,8 +253,11 @@ async fn transport_only(bed: &KafkaBed, scenario: &Scenario) -> Result<ScenarioR
     }
     let elapsed = started.map_or(0.0, |s| s.elapsed().as_secs_f64());
     eprintln!(
-        "transport only: {seen} messages in {events} events, {elapsed:.3} s = {:.0} msg/s",
-        seen as f64 / elapsed
+        "transport only: {seen} messages in {events} events, {elapsed:.3} s = {:.0} msg/s; RSS at \
+         start {rss_start:.1} MiB, peak {:.1} MiB, after the drain {:.1} MiB",
+        seen as f64 / elapsed,
+        peak_rss_mb(),
+        rss_mb()
     );
     let _ = sub.control.close().await;
     Err("diagnostic run only".into())
