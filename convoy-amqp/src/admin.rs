@@ -17,19 +17,27 @@ pub async fn check_reachable(config: &AmqpConfig) -> Result<(), TransportError> 
     Ok(())
 }
 
+/// Runs `admin` on a connection of its own, closed afterwards whatever it answered.
+async fn on_admin_connection<T>(
+    config: &AmqpConfig,
+    admin: impl AsyncFnOnce(&lapin::Connection) -> Result<T, TransportError>,
+) -> Result<T, TransportError> {
+    let connection = connect(config, "admin").await?;
+    let result = admin(&connection).await;
+    crate::connect::close(&connection, "done").await;
+    result
+}
+
 /// Declares each `(topic, partitions)` for `config.group` (idempotent; a queue with other
 /// arguments is an error naming it), recorded in the topic registry.
 pub async fn create_topics(config: &AmqpConfig, topics: &[(&str, u32)]) -> Result<(), TransportError> {
-    let connection = connect(config, "admin").await?;
-    let result = async {
+    on_admin_connection(config, async |connection| {
         for (topic, partitions) in topics {
-            registry::declare_recorded(&connection, topic, config, *partitions).await?;
+            registry::declare_recorded(connection, topic, config, *partitions).await?;
         }
-        Ok::<(), TransportError>(())
-    }
-    .await;
-    crate::connect::close(&connection, "done").await;
-    result
+        Ok(())
+    })
+    .await
 }
 
 /// Declares `topic` with no group: its exchange and partition count, what publishing needs. A
@@ -40,16 +48,13 @@ pub async fn create_topic_alone(
     topic: &str,
     partitions: u32,
 ) -> Result<(), TransportError> {
-    let connection = connect(config, "admin").await?;
-    let result = async {
-        if topology::declare_topic_only(&connection, topic, partitions).await? {
-            registry::note(&connection, &registry::Record::topic(topic, partitions)).await?;
+    on_admin_connection(config, async |connection| {
+        if topology::declare_topic_only(connection, topic, partitions).await? {
+            registry::note(connection, &registry::Record::topic(topic, partitions)).await?;
         }
-        Ok::<(), TransportError>(())
-    }
-    .await;
-    crate::connect::close(&connection, "done").await;
-    result
+        Ok(())
+    })
+    .await
 }
 
 /// The topics convoy declared on this broker and the groups receiving each (the registry).
@@ -59,56 +64,44 @@ pub async fn list_topics(config: &AmqpConfig) -> Result<Vec<registry::Topic>, Tr
 
 /// Declares the dead-letter stream `name`.
 pub async fn create_stream(config: &AmqpConfig, name: &str) -> Result<(), TransportError> {
-    let connection = connect(config, "admin").await?;
-    let result = topology::declare_stream(&connection, name)
-        .await
-        .map_err(TransportError::from);
-    crate::connect::close(&connection, "done").await;
-    result
+    on_admin_connection(config, async |connection| {
+        Ok(topology::declare_stream(connection, name).await?)
+    })
+    .await
 }
 
 /// Declares the dead-letter stream `name` for a consumer about to start: one the broker cannot
 /// serve now is said in a warning, not an error (see [`topology::declare_dead_letter_stream`]).
 pub async fn create_dead_letter_stream(config: &AmqpConfig, name: &str) -> Result<(), TransportError> {
-    let connection = connect(config, "admin").await?;
-    let result = topology::declare_dead_letter_stream(&connection, name)
-        .await
-        .map_err(TransportError::from);
-    crate::connect::close(&connection, "done").await;
-    result
+    on_admin_connection(config, async |connection| {
+        Ok(topology::declare_dead_letter_stream(connection, name).await?)
+    })
+    .await
 }
 
 /// True if the dead-letter stream `name` exists (the registry lists topics, not these).
 pub async fn dead_letter_stream_exists(config: &AmqpConfig, name: &str) -> Result<bool, TransportError> {
-    let connection = connect(config, "admin").await?;
-    let result = topology::exists(&connection, false, name)
-        .await
-        .map_err(TransportError::from);
-    crate::connect::close(&connection, "done").await;
-    result
+    on_admin_connection(config, async |connection| {
+        Ok(topology::exists(connection, false, name).await?)
+    })
+    .await
 }
 
 /// Deletes the dead-letter stream `name` and every dead letter in it.
 pub async fn delete_dead_letter_stream(config: &AmqpConfig, name: &str) -> Result<(), TransportError> {
-    let connection = connect(config, "admin").await?;
-    let result = delete_queue_on(&connection, name).await;
-    crate::connect::close(&connection, "done").await;
-    result
+    on_admin_connection(config, async |connection| delete_queue_on(connection, name).await).await
 }
 
 /// Deletes `group`'s parked keys' checkpoint of the dead-letter stream `stream`, if any.
 pub async fn delete_checkpoint(config: &AmqpConfig, stream: &str, group: &str) -> Result<(), TransportError> {
     let queue = crate::checkpoint::queue(stream, group);
-    let connection = connect(config, "admin").await?;
-    let result = async {
-        match topology::exists(&connection, false, &queue).await? {
-            true => delete_queue_on(&connection, &queue).await,
+    on_admin_connection(config, async |connection| {
+        match topology::exists(connection, false, &queue).await? {
+            true => delete_queue_on(connection, &queue).await,
             false => Ok(()),
         }
-    }
-    .await;
-    crate::connect::close(&connection, "done").await;
-    result
+    })
+    .await
 }
 
 /// Deletes the queue `name` on a channel of its own.
@@ -127,20 +120,17 @@ pub async fn delete_topic(
     topic: &str,
     also: Option<&str>,
 ) -> Result<(), TransportError> {
-    let connection = connect(config, "admin").await?;
-    let result = async {
-        topology::delete_topic(&connection, topic, &config.group, config.partitions).await?;
+    on_admin_connection(config, async |connection| {
+        topology::delete_topic(connection, topic, &config.group, config.partitions).await?;
         registry::note(
-            &connection,
+            connection,
             &registry::Record::topic(topic, config.partitions).deleted(),
         )
         .await?;
         if let Some(queue) = also {
-            delete_queue_on(&connection, queue).await?;
+            delete_queue_on(connection, queue).await?;
         }
-        Ok::<(), TransportError>(())
-    }
-    .await;
-    crate::connect::close(&connection, "done").await;
-    result
+        Ok(())
+    })
+    .await
 }

@@ -125,8 +125,8 @@ struct Stripe {
     /// every lookup stay in cache; the ring is read only for a slot whose tag matches. An id
     /// overwritten in the ring leaves its entry behind, pointing at a slot that now holds
     /// another id: lookups compare the slot's hash and id, so it matches nothing. (Removing it
-    /// at once cost a probe for the oldest id's bucket, long out of cache: measured as 12 % of
-    /// the engine's CPU in a Kafka drain.)
+    /// at once cost a probe for the oldest id's bucket, long out of cache: 12 % of the worker
+    /// threads' samples in a Kafka drain's profile.)
     index: HashTable<u32>,
     /// The ids held (with their hashes) in insertion order: a ring of `share` slots, the
     /// oldest overwritten first.
