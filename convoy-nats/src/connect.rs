@@ -1,8 +1,10 @@
 //! Connecting: credentials, TLS and reconnection from a [`NatsConfig`].
 //!
-//! The first connection must succeed (a bad address or password is an error of whoever
-//! connects, not a silent retry loop); after that the client reconnects forever, every 100 ms
-//! more up to a second, and requests made meanwhile wait for it within their timeouts.
+//! The first connection is one attempt: a refused login or certificate is fatal, a server not
+//! answering is [`TransportError::Unavailable`], which a joining member waits out for a bounded
+//! time (`wait_out_outage`), never a silent retry loop. After that the client reconnects
+//! forever, every 100 ms more up to a second, and requests made meanwhile wait for it within
+//! their timeouts.
 //! async-nats ignores credentials written in a server URL, so they come from the config only.
 
 use convoy_core::config::redact_userinfo;

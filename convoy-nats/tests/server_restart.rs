@@ -13,6 +13,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use convoy_core::Publisher;
 use convoy_nats::{admin, NatsDeadLetterSink, NatsPublisher, NatsTransport};
 use convoy_testkit::nodes::nats::NatsServer;
 use convoy_testkit::{restarts, OrderChecker};
@@ -62,4 +63,62 @@ async fn a_server_killed_and_restarted_twice_loses_nothing() {
     // message (a write stored but unanswered at a crash once left every later one refused).
     let expected = common::last_sequences(&server.address(), &topic, 4).await;
     common::wait_committed(&config, &topic, &expected).await;
+}
+
+/// A member started while its server is down (a replacement started during a server restart)
+/// waits the outage out and joins once the server is back, instead of ending with "the
+/// transport failed"; then it handles what was published before and after, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_started_while_its_server_is_down_joins_once_it_is_back() {
+    common::init_tracing();
+    if common::server().is_none() {
+        return;
+    }
+    let mut server = match tokio::task::spawn_blocking(NatsServer::start).await.unwrap() {
+        Ok(server) => server,
+        Err(missing @ convoy_testkit::nodes::NodeError::Missing(_)) => {
+            convoy_testkit::support::skip(missing);
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let topic = common::unique("convoy-late");
+    let config = common::test_config(&server.address(), &common::unique("g"), &topic, 4);
+    admin::create_topics(&config, &[(&topic, 4)]).await.unwrap();
+    let checker = Arc::new(OrderChecker::new());
+    let publisher = NatsPublisher::new(&config, &topic);
+    let before = convoy_testkit::probe::probe_batch(&checker, "key-", 10, 0, 200, 0);
+    publisher.publish_all(before).await.unwrap();
+    tokio::task::block_in_place(|| server.kill()).unwrap();
+    let joining = {
+        let (config, checker) = (config.clone(), checker.clone());
+        tokio::spawn(async move {
+            restarts::start_engine(
+                &NatsTransport::new(config.clone()).unwrap(),
+                Arc::new(NatsDeadLetterSink::new(&config)),
+                &config.group,
+                &checker,
+            )
+            .await
+        })
+    };
+    // The outage's length: the member's first attempts to connect fall in it on any machine
+    // that starts a task within two seconds (on a slower one the test still must pass).
+    tokio::task::block_in_place(|| {
+        std::thread::sleep(Duration::from_secs(2));
+        server.restart()
+    })
+    .unwrap();
+    let engine = joining.await.expect("the member joined after the outage");
+    let after = convoy_testkit::probe::probe_batch(&checker, "key-", 10, 200, 200, 0);
+    publisher.publish_all(after).await.unwrap();
+    assert!(
+        checker.wait_complete(Duration::from_secs(120)).await,
+        "not everything was handled: {:?}",
+        checker.report()
+    );
+    engine.stop().await.expect("the engine stopped cleanly");
+    let report = checker.report();
+    assert!(report.is_clean(), "{report:#?}");
+    assert_eq!(report.finished, 400, "{report:#?}");
 }

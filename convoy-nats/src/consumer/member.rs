@@ -58,11 +58,14 @@ pub(super) struct Joined {
 }
 
 /// Connects, declares the streams and buckets, and announces the member. An outage while
-/// joining (streams and buckets just created on a cluster answer "no responders" until their
-/// replicas elected a leader; a restarting server does too) is waited out with backoff for up
-/// to [`JOIN_WITHIN`].
+/// joining is waited out with backoff, for up to [`JOIN_WITHIN`] each: a server not answering
+/// the connection (a member started while its server restarts), and streams and buckets just
+/// created on a cluster answering "no responders" until their replicas elected a leader.
 pub(super) async fn join(config: &NatsConfig, events: EventSender) -> Result<Joined, TransportError> {
-    let connected = connect(config, "consume").await?;
+    let connected = wait_out_outage(JOIN_WITHIN, "connecting to the group's server", || {
+        connect(config, "consume")
+    })
+    .await?;
     let joined = wait_out_outage(JOIN_WITHIN, "joining the group", || {
         join_once(connected.clone(), config, events.clone())
     })

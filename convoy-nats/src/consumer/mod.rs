@@ -136,7 +136,7 @@ impl Transport for NatsTransport {
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
         let (events, rx) = event_channel(EVENT_CAPACITY);
         // Connect and declare before returning, so a bad address or a mismatching stream is an
-        // error of `subscribe`, not a silent retry loop.
+        // error of `subscribe` (an outage is waited out first, logged at each retry).
         let joined = member::join(&self.config, events.clone()).await?;
         let shared = Arc::new(Shared {
             config: self.config.clone(),
