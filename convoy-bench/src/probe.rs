@@ -248,6 +248,28 @@ impl FaultPlan {
         self.transient_rate > 0.0 && self.roll(4, key, seq) < self.transient_rate
     }
 
+    /// True when the plan makes this message fail terminally at its rate (it is
+    /// dead-lettered): what a verifier recomputes to know which messages to find dead-lettered.
+    pub fn fails_terminally(&self, key: &[u8], seq: u64) -> bool {
+        self.terminal_rate > 0.0 && self.roll(2, key, seq) < self.terminal_rate
+    }
+
+    /// The failure the plan's rates give attempt `attempt` of (key, seq), if any: terminal, or
+    /// transient on its first `transient_attempts` attempts (what `convoy consume
+    /// --terminal-rate --transient-rate` injects; [`ProbeHandler`] also panics and holds).
+    pub fn failure_at_rate(&self, key: &[u8], seq: u64, attempt: u32) -> Option<HandlerError> {
+        if self.fails_terminally(key, seq) {
+            return Some(HandlerError::terminal(format!(
+                "injected terminal failure of seq {seq}"
+            )));
+        }
+        (attempt <= self.transient_attempts && self.fails_transiently(key, seq)).then(|| {
+            HandlerError::transient(format!(
+                "injected transient failure of seq {seq}, attempt {attempt}"
+            ))
+        })
+    }
+
     fn roll(&self, salt: u64, key: &[u8], seq: u64) -> f64 {
         let h = foldhash::fast::FixedState::with_seed(self.seed ^ salt).hash_one((key, seq));
         (h >> 11) as f64 / (1u64 << 53) as f64
@@ -413,9 +435,7 @@ impl Handler for ProbeHandler {
         let listed = |set: &HashSet<(Bytes, u64)>| {
             !set.is_empty() && set.contains(&(Bytes::copy_from_slice(key), seq))
         };
-        if listed(&plan.terminal_on)
-            || (plan.terminal_rate > 0.0 && plan.roll(2, key, seq) < plan.terminal_rate)
-        {
+        if listed(&plan.terminal_on) || plan.fails_terminally(key, seq) {
             return Err(HandlerError::terminal(format!(
                 "injected terminal failure of seq {seq}"
             )));

@@ -354,6 +354,18 @@ pub struct ConsumeArgs {
     /// dead-lettered): to try dead letters, parked keys and replays.
     #[arg(long, value_name = "TEXT")]
     pub fail_on: Option<String>,
+    /// This fraction of probe messages (payload: the key's sequence number, as `produce
+    /// --probes` and the interop producers write) fails transiently on its first attempt and is
+    /// retried in its lane: for soaks and demos. Which ones is a function of --fault-seed, key
+    /// and sequence number, so a verifier can recompute it.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.0, value_parser = fraction)]
+    pub transient_rate: f64,
+    /// This fraction of probe messages fails terminally (dead-lettered), chosen the same way.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.0, value_parser = fraction)]
+    pub terminal_rate: f64,
+    /// The seed of --transient-rate's and --terminal-rate's choices.
+    #[arg(long, value_name = "SEED", default_value_t = 0)]
+    pub fault_seed: u64,
     /// Park a key whose message is dead-lettered: its later messages are set aside until
     /// `convoy dlq replay --key` (the same as `park_keys = true` in `[engine]`).
     #[arg(long)]
@@ -478,6 +490,16 @@ fn parse_pair(text: &str) -> Result<(String, String), String> {
 }
 
 /// `HOST:PORT` (a name such as `localhost` is looked up): the first address it names.
+/// A fraction between 0 and 1.
+fn fraction(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!(
+            "{text:?} is not a fraction: give a number from 0 to 1, e.g. 0.01"
+        )),
+    }
+}
+
 fn socket_addr(text: &str) -> Result<SocketAddr, String> {
     use std::net::ToSocketAddrs;
     let text = text.trim();

@@ -19,6 +19,7 @@ use crate::cli::{ConsumeArgs, DrainArg, PayloadEncoding};
 use crate::metrics_server;
 use crate::out::out;
 use crate::settings::{connect, fit_to_topics, through_outage};
+use convoy_bench::FaultPlan;
 
 /// Longest payload printed per message.
 const PREVIEW: usize = 120;
@@ -66,6 +67,8 @@ struct Handling {
     encoding: PayloadEncoding,
     work: Duration,
     fail_on: Option<Vec<u8>>,
+    /// `--transient-rate`, `--terminal-rate` and `--fault-seed` (none when both rates are 0).
+    faults: Option<FaultPlan>,
     /// Told when stdout's reader has gone: `run` stops the consumer.
     stdout_closed: Arc<tokio::sync::Notify>,
 }
@@ -81,6 +84,13 @@ impl Handling {
                     "the payload contains {:?} (--fail-on)",
                     String::from_utf8_lossy(text)
                 )));
+            }
+        }
+        if let Some(plan) = &self.faults {
+            let seq = convoy_bench::probe::decode_seq(d.payload());
+            let key = d.message().key.as_deref().unwrap_or_default();
+            if let Some(failure) = seq.and_then(|seq| plan.failure_at_rate(key, seq, d.attempt())) {
+                return Err(failure);
             }
         }
         if !self.quiet {
@@ -175,6 +185,13 @@ async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, cr
         encoding: args.payload_encoding,
         work: Duration::from_millis(args.work_ms),
         fail_on: args.fail_on.clone().map(String::into_bytes),
+        faults: (args.transient_rate > 0.0 || args.terminal_rate > 0.0).then(|| FaultPlan {
+            seed: args.fault_seed,
+            transient_rate: args.transient_rate,
+            transient_attempts: 1,
+            terminal_rate: args.terminal_rate,
+            ..FaultPlan::default()
+        }),
         stdout_closed: Arc::new(tokio::sync::Notify::new()),
     };
     let stdout_closed = handling.stdout_closed.clone();

@@ -384,3 +384,41 @@ fn operator_mistakes_are_named() {
     let topic = unique("mistakes");
     scenarios::operator_mistakes(&format!("{uri}?topics={topic}"), &topic);
 }
+
+/// The soak (scenarios/soak.rs) on a private RabbitMQ node over 16 partitions: 200,000
+/// messages in CI (`scripts/soak` runs it long), members killed, stopped, frozen past their
+/// heartbeats and the node restarted on a seeded schedule, every sequence verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soak_under_seeded_faults_verifies_every_sequence() {
+    let (Some(_), Some(python)) = (uri(), scenarios::python()) else {
+        return;
+    };
+    let node = match tokio::task::spawn_blocking(RabbitNode::start).await.unwrap() {
+        Ok(node) => Arc::new(node),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
+        Err(e) => panic!("{e}"),
+    };
+    let topic = unique("soak");
+    let partitions = scenarios::soak::partitions(16);
+    let url = format!(
+        "{}?group={}&topics={topic}&partitions={partitions}&heartbeat=3&balance_interval_ms=100",
+        node.uri(),
+        unique("soak-group")
+    );
+    let pika = vec![
+        python,
+        scenarios::interop_script("pika_rounds.py"),
+        node.uri(),
+        topic.clone(),
+        partitions.to_string(),
+    ];
+    let broker = node.clone();
+    // Two missed heartbeats (3 s each) and a margin: the broker closes the frozen connection.
+    let plan = scenarios::soak::SoakPlan::from_env(std::time::Duration::from_secs(9));
+    scenarios::soak::soak(&url, &topic, plan, pika, move || {
+        broker.kill().expect("the node was killed");
+        broker.boot().unwrap();
+    })
+    .await;
+    drop(node);
+}

@@ -311,3 +311,45 @@ fn operator_mistakes_are_named() {
     let topic = unique("mistakes");
     scenarios::operator_mistakes(&format!("kafka://{bootstrap}?topics={topic}"), &topic);
 }
+
+/// The soak (scenarios/soak.rs) on a private Apache Kafka node over 64 partitions: 200,000
+/// messages in CI (`scripts/soak` runs it long), members killed, stopped, frozen past their
+/// session and the node restarted on a seeded schedule, every sequence verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soak_under_seeded_faults_verifies_every_sequence() {
+    let (Some(_), Some(python)) = (bootstrap(), scenarios::python()) else {
+        return;
+    };
+    let cluster = match tokio::task::spawn_blocking(|| convoy_testkit::nodes::kafka::KafkaCluster::start(1))
+        .await
+        .unwrap()
+    {
+        Ok(cluster) => std::sync::Arc::new(std::sync::Mutex::new(cluster)),
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
+        Err(e) => panic!("{e}"),
+    };
+    let bootstrap = cluster.lock().unwrap().bootstrap();
+    let topic = unique("soak");
+    let partitions = scenarios::soak::partitions(64);
+    let url = format!(
+        "{}&partitions={partitions}&session_timeout_ms=6000",
+        url(&bootstrap, &unique("soak-group"), &topic)
+    );
+    let kafka_python = vec![
+        python,
+        scenarios::interop_script("kafka_python_rounds.py"),
+        bootstrap,
+        topic.clone(),
+        partitions.to_string(),
+    ];
+    let broker = cluster.clone();
+    let plan = scenarios::soak::SoakPlan::from_env(std::time::Duration::from_secs(9));
+    scenarios::soak::soak(&url, &topic, plan, kafka_python, move || {
+        let mut cluster = broker.lock().unwrap();
+        let node = cluster.node(1).unwrap();
+        node.kill().expect("the node was killed");
+        node.restart().unwrap();
+    })
+    .await;
+    drop(cluster);
+}

@@ -285,3 +285,43 @@ fn operator_mistakes_are_named() {
     let topic = unique("mistakes");
     scenarios::operator_mistakes(&format!("{server}?topics={topic}"), &topic);
 }
+
+/// The soak (scenarios/soak.rs) on a private NATS server over 16 partitions: 200,000 messages
+/// in CI (`scripts/soak` runs it long), members killed, stopped, frozen past their leases and
+/// the server restarted on a seeded schedule, every sequence verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soak_under_seeded_faults_verifies_every_sequence() {
+    let (Some(_), Some(python)) = (server(), scenarios::python()) else {
+        return;
+    };
+    let server = match tokio::task::spawn_blocking(NatsServer::start).await.unwrap() {
+        Ok(server) => server,
+        Err(missing @ NodeError::Missing(_)) => return convoy_testkit::support::skip(missing),
+        Err(e) => panic!("{e}"),
+    };
+    let address = server.address();
+    let topic = unique("soak");
+    let partitions = scenarios::soak::partitions(16);
+    let url = format!(
+        "nats://{address}?group={}&topics={topic}&partitions={partitions}&lease_ttl_ms={}&balance_interval_ms=100",
+        unique("soak-group"),
+        LEASE.as_millis()
+    );
+    let nats_py = vec![
+        python,
+        scenarios::interop_script("nats_rounds.py"),
+        format!("nats://{address}"),
+        topic.clone(),
+        partitions.to_string(),
+    ];
+    let server = Arc::new(Mutex::new(server));
+    let broker = server.clone();
+    let plan = scenarios::soak::SoakPlan::from_env(LEASE + Duration::from_secs(2));
+    scenarios::soak::soak(&url, &topic, plan, nats_py, move || {
+        let mut server = broker.lock().unwrap();
+        server.kill().expect("the server was killed");
+        server.restart().unwrap();
+    })
+    .await;
+    drop(server);
+}

@@ -43,6 +43,15 @@ pub const COMMIT_FAILURES: &str = "convoy_commit_failures_total";
 /// Operational failures: a source's lowest unfinished message exceeded the stuck timeout.
 pub const STUCK: &str = "convoy_stuck_total";
 
+/// Assigned sources whose committed position the broker no longer holds, labelled `reason` =
+/// `deleted` (messages removed before the group consumed them) | `past_end` (the destination
+/// was deleted and created again): each one is an error in the log too.
+pub const SOURCE_HOLES: &str = "convoy_source_holes_total";
+
+/// Partitions a subscribed topic gained while the group consumed it (keys moved to other
+/// partitions: their order across the change is not kept), by group and topic.
+pub const PARTITIONS_ADDED: &str = "convoy_partitions_added_total";
+
 /// Messages per call of a batch handler (`batch::batched`).
 pub const BATCH_MESSAGES: &str = "convoy_batch_messages";
 /// Gauge: keys parked now (their later messages set aside until replayed), by group.
@@ -104,6 +113,16 @@ pub fn describe() {
             Unit::Count,
             "Sources assigned, revoked (handed over after a drain) or lost (taken without one), by change: rebalances."
         );
+        describe_counter!(
+            SOURCE_HOLES,
+            Unit::Count,
+            "Assigned sources whose committed position the broker no longer held, by reason: deleted (messages removed before they were consumed) or past_end (the destination was created again)."
+        );
+        describe_counter!(
+            PARTITIONS_ADDED,
+            Unit::Count,
+            "Partitions a subscribed topic gained while the group consumed it: keys moved to other partitions, so their order across the change is not kept."
+        );
         describe_histogram!(BATCH_MESSAGES, Unit::Count, "Messages per call of a batch handler.");
         describe_gauge!(PARKED_KEYS, Unit::Count, "Keys parked now: their later messages are set aside until an operator replays them.");
         describe_counter!(COMMIT_FAILURES, Unit::Count, "Commits the broker refused or did not confirm in time (retried).");
@@ -113,6 +132,32 @@ pub fn describe() {
             "Messages found stuck (handled longer than the stuck timeout) and dead-lettered with cause stuck."
         );
     });
+}
+
+/// Why an assigned source's committed position was not held (see [`SOURCE_HOLES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoleReason {
+    /// Messages below the first one kept were removed (retention, delete-records) before the
+    /// group consumed them.
+    Deleted,
+    /// The position is past the source's end: it was deleted and created again, or truncated.
+    PastEnd,
+}
+
+/// Counts a hole a transport found in `source` of `group` (it logs the error itself).
+pub fn source_hole(group: &str, source: &SourceId, reason: HoleReason) {
+    let reason = match reason {
+        HoleReason::Deleted => "deleted",
+        HoleReason::PastEnd => "past_end",
+    };
+    metrics::counter!(SOURCE_HOLES, "group" => group.to_owned(), "source" => source.as_str().to_owned(), "reason" => reason)
+        .increment(1);
+}
+
+/// Counts `added` partitions `topic` gained under `group` (the transport logs the warning).
+pub fn partitions_added(group: &str, topic: &str, added: u64) {
+    metrics::counter!(PARTITIONS_ADDED, "group" => group.to_owned(), "topic" => topic.to_owned())
+        .increment(added);
 }
 
 /// Handles used on the per-message path.

@@ -33,18 +33,31 @@ const RECOVER_WITHIN: Duration = Duration::from_secs(180);
 
 /// What the scenario saw of the log: every distinct (key, seq) handled and when each round of
 /// samples was taken.
-struct Handled {
+pub struct Handled {
     file: PathBuf,
     offset: u64,
-    lines: Vec<(String, u64)>,
-    distinct: HashSet<(String, u64)>,
+    /// Every line's (key, seq), in the log's order.
+    pub lines: Vec<(String, u64)>,
+    /// The distinct ones.
+    pub distinct: HashSet<(String, u64)>,
     /// (when, distinct handled then), one sample per read.
     samples: Vec<(Instant, usize)>,
 }
 
 impl Handled {
+    /// Nothing read of `file` yet.
+    pub fn new(file: PathBuf) -> Handled {
+        Handled {
+            file,
+            offset: 0,
+            lines: Vec::new(),
+            distinct: HashSet::new(),
+            samples: Vec::new(),
+        }
+    }
+
     /// Reads what was appended since the last read.
-    fn read(&mut self) {
+    pub fn read(&mut self) {
         let Ok(mut file) = std::fs::File::open(&self.file) else {
             return;
         };
@@ -213,13 +226,7 @@ pub async fn failover(
     let confirms = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let progress = Arc::new(Progress {
         checker: checker.clone(),
-        handled: Mutex::new(Handled {
-            file: log.0.clone(),
-            offset: 0,
-            lines: Vec::new(),
-            distinct: HashSet::new(),
-            samples: Vec::new(),
-        }),
+        handled: Mutex::new(Handled::new(log.0.clone())),
         faults: Mutex::default(),
         url: url.to_owned(),
         members: Mutex::new(vec![Member::start(url, &log.0), Member::start(url, &log.0)]),
@@ -229,7 +236,13 @@ pub async fn failover(
     let stop = Arc::new(AtomicBool::new(false));
     let producer = match producer {
         Producer::Convoy => convoy_producer(connection.publisher(topic).unwrap(), &checker, &stop, &confirms),
-        Producer::Foreign(command) => foreign_producer(command, &log.0, &checker, &stop, &confirms),
+        Producer::Foreign(command) => {
+            let rounds = Rounds {
+                keys: KEYS,
+                pause: ROUND_PAUSE,
+            };
+            foreign_producer(command, rounds, &log.0, &checker, &stop, &confirms)
+        }
     };
 
     let run = {
@@ -286,10 +299,21 @@ fn convoy_producer(
     }
 }
 
-/// A foreign producer's program sending rounds until `stop`: every `round <n>` it prints is a
-/// round of `KEYS` messages confirmed; it stops between rounds once its stop file exists.
-fn foreign_producer(
+/// A foreign producer's rounds: one message to each of `keys` keys (`key-<k>`), then `pause`.
+#[derive(Clone, Copy)]
+pub struct Rounds {
+    /// Keys per round.
+    pub keys: usize,
+    /// The pause after each confirmed round.
+    pub pause: Duration,
+}
+
+/// A foreign producer's program sending `rounds` until `stop`: every `round <n>` it prints is
+/// a round confirmed, each of its messages registered with `checker`; it stops between
+/// rounds once its stop file exists.
+pub fn foreign_producer(
     mut command: Vec<String>,
+    rounds: Rounds,
     log: &std::path::Path,
     checker: &Arc<OrderChecker>,
     stop: &Arc<AtomicBool>,
@@ -298,8 +322,8 @@ fn foreign_producer(
     let stop_file = log.with_extension("producer-stop");
     let _ = std::fs::remove_file(&stop_file);
     command.extend([
-        KEYS.to_string(),
-        ROUND_PAUSE.as_millis().to_string(),
+        rounds.keys.to_string(),
+        rounds.pause.as_millis().to_string(),
         stop_file.display().to_string(),
     ]);
     let mut child = Command::new(&command[0])
@@ -314,7 +338,7 @@ fn foreign_producer(
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if line.starts_with("round ") {
-                    for k in 0..KEYS {
+                    for k in 0..rounds.keys {
                         checker.expect(&bytes::Bytes::from(format!("key-{k}")));
                     }
                     confirms.lock().unwrap().push(Instant::now());

@@ -8,6 +8,7 @@
 
 pub mod failover;
 pub mod processes;
+pub mod soak;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Output, Stdio};

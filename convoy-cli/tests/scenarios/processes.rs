@@ -73,8 +73,17 @@ impl Member {
 
     /// Ctrl-C, then waits (at most two minutes): the member drains, commits and leaves; true if
     /// it exited cleanly (else its stderr is printed).
-    pub fn leave(mut self) -> bool {
-        self.signal("INT");
+    pub fn leave(self) -> bool {
+        self.stop_with("INT")
+    }
+
+    /// The same with SIGTERM (what an orchestrator sends).
+    pub fn terminate(self) -> bool {
+        self.stop_with("TERM")
+    }
+
+    fn stop_with(mut self, signal: &str) -> bool {
+        self.signal(signal);
         let clean = super::wait_exit(&mut self.0).success();
         if !clean {
             eprintln!("a member did not leave cleanly; its stderr:\n{}", self.stderr());

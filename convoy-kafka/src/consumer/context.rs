@@ -6,6 +6,7 @@
 //! send `Revoked` with its deadline and block until the engine acknowledges — drained, cancelled
 //! what still ran, committed — or the deadline passes. Lost: tell the engine, commit nothing.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -16,6 +17,8 @@ use rdkafka::consumer::{Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset as KafkaOffset, TopicPartitionList};
 
+use super::growth;
+use super::positions::{self, Restart};
 use super::{KafkaConsumer, PartitionQueue, Shared, Tp, BROKER_TIMEOUT};
 use crate::convert::source_id;
 use convoy_core::offset_map;
@@ -39,13 +42,19 @@ fn sources_of(parts: &[Tp]) -> Vec<SourceId> {
 }
 
 impl ConvoyContext {
-    fn on_assign(&self, consumer: &KafkaConsumer, tpl: &TopicPartitionList) -> Vec<(Tp, PartitionQueue)> {
+    /// Tells the engine of the assignment; returns the partitions' queues, and where reading
+    /// starts instead of the committed position for the partitions that no longer hold it.
+    fn on_assign(
+        &self,
+        consumer: &KafkaConsumer,
+        tpl: &TopicPartitionList,
+    ) -> (Vec<(Tp, PartitionQueue)>, HashMap<Tp, Restart>) {
         let shared = &self.shared;
         let parts = partitions_of(tpl);
         // A new assignment starts unpaused; the engine re-applies its back-pressure state.
         shared.set_paused(&parts, false);
         let Some(owner) = shared.consumer.get().and_then(Weak::upgrade) else {
-            return Vec::new();
+            return Default::default();
         };
         // Split before librdkafka starts fetching, so no message of these partitions reaches
         // the main queue.
@@ -70,20 +79,23 @@ impl ConvoyContext {
                     e,
                 );
                 shared.control(SourceEvent::Failed(error));
-                return Vec::new();
+                return Default::default();
             }
             Err(e) => {
                 tracing::warn!(error = %e, "reading committed offsets failed; starting the tracker without them");
                 tpl.clone()
             }
         };
+        growth::check(consumer, shared);
+        let restarts = positions::check(consumer, &committed, &shared.group);
         let assignments = committed
             .elements()
             .iter()
             .map(|e| {
                 let source = source_id(e.topic(), e.partition());
+                let restart = restarts.get(&(e.topic().to_owned(), e.partition()));
                 match e.offset() {
-                    KafkaOffset::Offset(next) if next >= 0 => {
+                    KafkaOffset::Offset(next) if next >= 0 && restart != Some(&Restart::FromBeginning) => {
                         let next = next as Offset;
                         if let Some(transactions) = &shared.transactions {
                             transactions.outbox.assigned(&source, Some(next));
@@ -103,7 +115,7 @@ impl ConvoyContext {
             })
             .collect();
         shared.control(SourceEvent::Assigned(assignments));
-        queues
+        (queues, restarts)
     }
 
     fn start_partitions(&self, queues: Vec<(Tp, PartitionQueue)>) {
@@ -210,7 +222,16 @@ impl ConsumerContext for ConvoyContext {
         let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let queues = self.on_assign(consumer, tpl);
+                let (queues, restarts) = self.on_assign(consumer, tpl);
+                for ((topic, partition), restart) in restarts {
+                    let start = match restart {
+                        Restart::At(first) => KafkaOffset::Offset(first),
+                        Restart::FromBeginning => KafkaOffset::Beginning,
+                    };
+                    if let Err(e) = tpl.set_partition_offset(&topic, partition, start) {
+                        tracing::error!(error = %e, topic, partition, "setting where a partition's reading starts");
+                    }
+                }
                 let assigned = if cooperative {
                     consumer.incremental_assign(tpl)
                 } else {

@@ -8,8 +8,11 @@
 //!   eight) serves the queues that librdkafka reports non-empty, so a member owning hundreds of
 //!   partitions does not run hundreds of threads.
 //!
-//! By job: `context` runs rebalances (assign, revoke with its deadline, lost), `pollers` the
-//! partitions' queues and the threads that poll them, `control` pause/resume/commit/close,
+//! By job: `context` runs rebalances (assign, revoke with its deadline, lost), `positions`
+//! checks an assignment's committed positions against what the partitions still hold (a hole
+//! left by retention, a topic created again), `growth` says when a topic gained partitions
+//! under the group (keys move), `pollers` the partitions' queues and the threads
+//! that poll them, `control` pause/resume/commit/close,
 //! `transaction` the commits of a member with a transactional id (exactly once to Kafka).
 //!
 //! Memory: with split queues librdkafka's prefetch limits apply per partition, so they are
@@ -18,11 +21,13 @@
 
 mod context;
 mod control;
+mod growth;
 mod outage;
 mod pollers;
+mod positions;
 mod transaction;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -78,6 +83,11 @@ struct Shared {
     offset_map_max: AtomicUsize,
     /// The transactional producer commits go through, with a transactional id.
     transactions: Option<Arc<Transactions>>,
+    /// The consumer group (a label of the metrics the callbacks count).
+    group: String,
+    /// Each subscribed topic's partitions as last seen (at joining, then at each assignment):
+    /// a topic that grows under the group is said once ([`growth`]).
+    partitions: Mutex<HashMap<String, usize>>,
 }
 
 impl Shared {
@@ -151,7 +161,8 @@ impl KafkaTransport {
 
     /// How many partitions the subscribed topics have now (at least one): the most this
     /// member can own, over which the prefetch budget is divided.
-    async fn partition_count(&self) -> Result<usize, TransportError> {
+    /// Each subscribed topic's partitions now.
+    async fn partition_counts(&self) -> Result<HashMap<String, usize>, TransportError> {
         // First the reachability check: a refused login or a failed TLS handshake is reported
         // as such (fatal, naming the settings) instead of as a metadata request timing out.
         crate::admin::check_reachable(&self.config).await?;
@@ -162,19 +173,14 @@ impl KafkaTransport {
             .map_err(|e| TransportError::broker("creating a metadata client", e))?;
         let topics = self.config.topics.clone();
         tokio::task::spawn_blocking(move || {
-            let mut total = 0usize;
-            for topic in &topics {
-                let metadata = probe
-                    .fetch_metadata(Some(topic), BROKER_TIMEOUT)
-                    .map_err(|e| TransportError::broker(format!("reading the metadata of {topic}"), e))?;
-                total += metadata
-                    .topics()
-                    .iter()
-                    .filter(|t| t.name() == topic)
-                    .map(|t| t.partitions().len())
-                    .sum::<usize>();
-            }
-            Ok(total.max(1))
+            topics
+                .iter()
+                .map(|topic| {
+                    let count = growth::partitions_of(&probe, topic)
+                        .map_err(|e| TransportError::broker(format!("reading the metadata of {topic}"), e))?;
+                    Ok((topic.clone(), count))
+                })
+                .collect()
         })
         .await
         .map_err(|e| TransportError::broker("reading topic metadata", e))?
@@ -192,7 +198,8 @@ impl Transport for KafkaTransport {
     }
 
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
-        let partitions = self.partition_count().await?;
+        let counts = self.partition_counts().await?;
+        let partitions = counts.values().sum::<usize>().max(1);
         let prefetch = Prefetch::divide(limit, partitions);
         tracing::debug!(partitions, ?prefetch, "prefetch per partition");
         // Before joining: registering the id fences a predecessor with the same id and aborts
@@ -222,6 +229,8 @@ impl Transport for KafkaTransport {
             prefetch,
             offset_map_max: AtomicUsize::new(self.config.offset_map_limit()),
             transactions: transactions.clone(),
+            group: self.config.group_id.clone(),
+            partitions: Mutex::new(counts),
         });
         let context = ConvoyContext {
             shared: shared.clone(),

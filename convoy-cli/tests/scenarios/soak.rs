@@ -1,0 +1,581 @@
+//! The soak: a long load under a seeded schedule of faults, every sequence verified.
+//!
+//! - **Load**: convoy's publisher sends probe messages over Zipf-skewed keys (s = 1.0, `z-<i>`)
+//!   in stamped batches at a held rate, and a foreign client's rounds (no convoy stamps, keys
+//!   `key-<k>`) add about a tenth more.
+//! - **Members**: four `convoy consume` processes of one group, all appending to one log. Their
+//!   handler fails 1 % of the messages transiently on the first attempt (retried in the lane)
+//!   and 0.01 % terminally (dead-lettered), chosen from the seed, key and sequence number
+//!   (`FaultPlan`), so the verifier knows which.
+//! - **Faults**, from the seed, each once the load has moved on: a member killed with SIGKILL
+//!   and replaced, stopped with SIGTERM and replaced, frozen (SIGSTOP) past its session and
+//!   thawed, and the broker restarted (the test's closure). Each kind happens at least once when
+//!   there are four faults or more.
+//! - **The verifier** replays the log: every published (key, seq) handled at least once, or
+//!   found in the dead-letter topic — exactly the messages the seed fails there — and no key's
+//!   order violated (a dead letter counts in its place in its key's order). Then a fresh member
+//!   is given one more message on every key and must handle those and nothing else: the
+//!   group's commits had reached the end of every partition.
+//! - **Memory**: every member's RSS is sampled throughout, into a CSV under `CONVOY_SOAK_OUT`
+//!   when it is set, and summarised in the report.
+//!
+//! CI runs 200,000 messages per broker; `scripts/soak` runs it long (RELIABILITY.md).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use convoy_testkit::probe::{decode_seq, probe_batch_spread};
+use convoy_testkit::{FaultPlan, KeySpread, OrderChecker};
+
+use super::failover::{foreign_producer, Handled, Rounds};
+use super::processes::{Log, Member};
+
+/// Fraction of messages failing transiently on their first attempt.
+const TRANSIENT_RATE: f64 = 0.01;
+/// Fraction of messages failing terminally.
+const TERMINAL_RATE: f64 = 0.0001;
+/// Keys of the foreign producer's rounds.
+const FOREIGN_KEYS: usize = 40;
+/// The foreign producer's share of the load.
+const FOREIGN_SHARE: f64 = 0.1;
+/// Messages per batch of convoy's publisher.
+const BATCH: usize = 500;
+/// Longest the handled messages may stay the same while some are due, before the soak fails.
+const STALL_LIMIT: Duration = Duration::from_secs(180);
+/// How often progress is read and RSS sampled.
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// The size and seed of a soak.
+#[derive(Clone, Debug)]
+pub struct SoakPlan {
+    /// Messages from convoy's publisher.
+    pub messages: u64,
+    /// Zipf-skewed keys of convoy's publisher.
+    pub keys: usize,
+    /// Members of the group.
+    pub members: usize,
+    /// Faults injected.
+    pub faults: usize,
+    /// Seed of the faults' schedule and of the handler's failures.
+    pub seed: u64,
+    /// convoy's publisher's rate (messages per second).
+    pub rate: u64,
+    /// How long a frozen member stays frozen: past its session or lease.
+    pub freeze_for: Duration,
+    /// Where the RSS samples go (`soak-<topic>.csv`), if anywhere.
+    pub out: Option<PathBuf>,
+}
+
+impl SoakPlan {
+    /// CI's size (200,000 messages over 10,000 keys, 8 faults, 5,000 msg/s, seed 38), each
+    /// overridden by `CONVOY_SOAK_MESSAGES`, `_KEYS`, `_FAULTS`, `_RATE` and `_SEED`;
+    /// `CONVOY_SOAK_OUT` names the samples' directory.
+    pub fn from_env(freeze_for: Duration) -> SoakPlan {
+        let var = |name: &str, default: u64| {
+            std::env::var(name).map_or(default, |v| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+            })
+        };
+        SoakPlan {
+            messages: var("CONVOY_SOAK_MESSAGES", 200_000),
+            keys: var("CONVOY_SOAK_KEYS", 10_000) as usize,
+            members: 4,
+            faults: var("CONVOY_SOAK_FAULTS", 8) as usize,
+            seed: var("CONVOY_SOAK_SEED", 38),
+            rate: var("CONVOY_SOAK_RATE", 5_000).max(1),
+            freeze_for,
+            out: std::env::var_os("CONVOY_SOAK_OUT").map(PathBuf::from),
+        }
+    }
+
+    fn handler_faults(&self) -> FaultPlan {
+        FaultPlan {
+            seed: self.seed,
+            transient_rate: TRANSIENT_RATE,
+            transient_attempts: 1,
+            terminal_rate: TERMINAL_RATE,
+            ..FaultPlan::default()
+        }
+    }
+
+    fn member_args(&self) -> Vec<String> {
+        vec![
+            "--transient-rate".into(),
+            TRANSIENT_RATE.to_string(),
+            "--terminal-rate".into(),
+            TERMINAL_RATE.to_string(),
+            "--fault-seed".into(),
+            self.seed.to_string(),
+        ]
+    }
+}
+
+/// The topic's partitions: `CONVOY_SOAK_PARTITIONS`, else `default`.
+pub fn partitions(default: u32) -> u32 {
+    std::env::var("CONVOY_SOAK_PARTITIONS").map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("CONVOY_SOAK_PARTITIONS={v:?} is not a number"))
+    })
+}
+
+/// One kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SoakFault {
+    /// A member killed with SIGKILL (no drain, no commit, no leave) and replaced.
+    Kill,
+    /// A member stopped with SIGTERM (drain, commit, leave) and replaced.
+    Terminate,
+    /// A member frozen with SIGSTOP past its session, then thawed.
+    Freeze,
+    /// The broker (or the cluster's node) restarted.
+    BrokerRestart,
+}
+
+/// The seed's schedule: each kind once (in a seeded order) when `n` ≥ 4, then kills most
+/// often, restarts least.
+pub fn schedule(seed: u64, n: usize) -> Vec<SoakFault> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut kinds = vec![
+        SoakFault::Kill,
+        SoakFault::Terminate,
+        SoakFault::Freeze,
+        SoakFault::BrokerRestart,
+    ];
+    rng.shuffle(&mut kinds);
+    while kinds.len() < n {
+        kinds.push(match rng.u32(0..20) {
+            0..=7 => SoakFault::Kill,
+            8..=12 => SoakFault::Terminate,
+            13..=16 => SoakFault::Freeze,
+            _ => SoakFault::BrokerRestart,
+        });
+    }
+    kinds.truncate(n);
+    kinds
+}
+
+/// What a soak saw.
+#[derive(Debug)]
+pub struct SoakReport {
+    /// Messages published by convoy's publisher and by the foreign one (confirmed).
+    pub published: (u64, u64),
+    /// Lines the members printed, duplicates included.
+    pub handled_lines: usize,
+    /// Messages handled more than once (re-handled after a fault).
+    pub handled_again: usize,
+    /// Dead letters the seed called for, and the distinct ones found in the dead-letter topic.
+    pub dead_letters: (usize, usize),
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, usize>,
+    /// Per member started (in start order): RSS in MiB when first and last sampled, and its
+    /// peak.
+    pub rss_mib: Vec<(f64, f64, f64)>,
+    /// From the first message published until the last verification.
+    pub wall: Duration,
+}
+
+/// A member and its RSS samples.
+struct Tracked {
+    member: Member,
+    index: usize,
+}
+
+/// The run in progress, shared with the fault thread.
+struct Run {
+    url: String,
+    log: PathBuf,
+    plan: SoakPlan,
+    members: Mutex<Vec<Tracked>>,
+    started: Mutex<usize>,
+    handled: Mutex<Handled>,
+    /// Per member (start order): (first, last, peak) RSS in KiB.
+    rss: Mutex<Vec<(u64, u64, u64)>>,
+    csv: Mutex<Option<std::fs::File>>,
+    began: Instant,
+}
+
+impl Run {
+    fn start_member(&self) -> Tracked {
+        let args = self.plan.member_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let member = Member::start_with(&self.url, &self.log, &args);
+        let mut started = self.started.lock().unwrap();
+        *started += 1;
+        self.rss.lock().unwrap().push((0, 0, 0));
+        Tracked {
+            member,
+            index: *started - 1,
+        }
+    }
+
+    /// Reads the log, samples every member's RSS; returns the distinct messages handled.
+    fn sample(&self) -> usize {
+        let handled = {
+            let mut handled = self.handled.lock().unwrap();
+            handled.read();
+            handled.distinct.len()
+        };
+        let elapsed = self.began.elapsed().as_secs_f64();
+        let members = self.members.lock().unwrap();
+        let mut rss = self.rss.lock().unwrap();
+        let mut csv = self.csv.lock().unwrap();
+        for tracked in members.iter() {
+            let Some(kib) = rss_kib(tracked.member.0.id()) else {
+                continue;
+            };
+            let entry = &mut rss[tracked.index];
+            if entry.0 == 0 {
+                entry.0 = kib;
+            }
+            entry.1 = kib;
+            entry.2 = entry.2.max(kib);
+            if let Some(file) = csv.as_mut() {
+                let _ = writeln!(file, "{elapsed:.2},{handled},{},{kib}", tracked.index);
+            }
+        }
+        handled
+    }
+
+    /// Blocks until `want` distinct messages were handled, failing after a stall.
+    fn wait_handled(&self, want: usize, what: &str) {
+        let (mut last, mut since) = (0, Instant::now());
+        loop {
+            let handled = self.sample();
+            if handled >= want {
+                return;
+            }
+            if handled > last {
+                (last, since) = (handled, Instant::now());
+            }
+            assert!(
+                since.elapsed() < STALL_LIMIT,
+                "the soak stalled at {handled} of {want} handled ({what}); members' stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(SAMPLE_EVERY);
+        }
+    }
+
+    fn stderr(&self) -> String {
+        let members = self.members.lock().unwrap();
+        members
+            .iter()
+            .map(|t| format!("--- member {}:\n{}", t.index, tail(&t.member.stderr(), 15)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Runs one fault on a seeded member.
+    fn inject(&self, fault: SoakFault, rng: &mut fastrand::Rng, broker: &mut dyn FnMut()) {
+        let target = rng.usize(..self.plan.members);
+        eprintln!(
+            "soak: {fault:?} at {:.1?} (member slot {target})",
+            self.began.elapsed()
+        );
+        match fault {
+            SoakFault::Kill | SoakFault::Terminate => {
+                let old = self.members.lock().unwrap().remove(target);
+                if fault == SoakFault::Kill {
+                    old.member.kill();
+                } else {
+                    assert!(old.member.terminate(), "a member did not stop cleanly on SIGTERM");
+                }
+                let new = self.start_member();
+                self.members.lock().unwrap().push(new);
+            }
+            SoakFault::Freeze => {
+                let members = self.members.lock().unwrap();
+                let frozen = &members[target].member;
+                frozen.signal("STOP");
+                std::thread::sleep(self.plan.freeze_for);
+                frozen.signal("CONT");
+            }
+            SoakFault::BrokerRestart => broker(),
+        }
+    }
+}
+
+/// Runs the soak on `url` (naming the group and `topic`), the foreign producer's program
+/// `foreign` (as [`super::failover::Producer::Foreign`]), and `broker` restarting the broker;
+/// asserts the outcome and returns what it saw.
+pub async fn soak(
+    url: &str,
+    topic: &str,
+    plan: SoakPlan,
+    foreign: Vec<String>,
+    mut broker: impl FnMut() + Send + 'static,
+) -> SoakReport {
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let log = Log::new(topic);
+    let csv = plan.out.as_ref().map(|dir| {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut file = std::fs::File::create(dir.join(format!("soak-{topic}.csv"))).unwrap();
+        writeln!(file, "elapsed_s,handled,member,rss_kib").unwrap();
+        file
+    });
+    let run = Arc::new(Run {
+        url: url.to_owned(),
+        log: log.0.clone(),
+        plan: plan.clone(),
+        members: Mutex::default(),
+        started: Mutex::new(0),
+        handled: Mutex::new(Handled::new(log.0.clone())),
+        rss: Mutex::default(),
+        csv: Mutex::new(csv),
+        began: Instant::now(),
+    });
+    for _ in 0..plan.members {
+        let member = run.start_member();
+        run.members.lock().unwrap().push(member);
+    }
+
+    let checker = Arc::new(OrderChecker::with_capacity(plan.keys + FOREIGN_KEYS));
+    let spread = KeySpread::zipf(plan.keys, 1.0).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let confirms = Arc::new(Mutex::new(Vec::new()));
+    let foreign_rate = plan.rate as f64 * FOREIGN_SHARE / (1.0 - FOREIGN_SHARE);
+    let rounds = Rounds {
+        keys: FOREIGN_KEYS,
+        pause: Duration::from_secs_f64(FOREIGN_KEYS as f64 / foreign_rate),
+    };
+    let foreign = foreign_producer(foreign, rounds, &log.0, &checker, &stop, &confirms);
+    let producer = tokio::spawn(produce(
+        connection.publisher(topic).unwrap(),
+        checker.clone(),
+        spread.clone(),
+        plan.clone(),
+    ));
+
+    let faults = {
+        let run = run.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut rng = fastrand::Rng::with_seed(run.plan.seed);
+            let kinds = schedule(run.plan.seed, run.plan.faults);
+            let step = run.plan.messages as usize / (kinds.len() + 1);
+            for (i, fault) in kinds.iter().enumerate() {
+                run.wait_handled(step * (i + 1), "before a fault");
+                run.inject(*fault, &mut rng, &mut broker);
+            }
+            kinds
+        })
+    };
+    let kinds = match faults.await {
+        Ok(kinds) => kinds,
+        Err(e) => {
+            stop.store(true, SeqCst);
+            std::panic::resume_unwind(e.into_panic());
+        }
+    };
+    producer.await.unwrap();
+    stop.store(true, SeqCst);
+    foreign.await.unwrap();
+
+    // Everything published: convoy's keys by the spread, the foreign keys by confirmed rounds.
+    let rounds_confirmed = confirms.lock().unwrap().len() as u64;
+    let mut published: HashMap<String, u64> = spread
+        .counts(plan.messages)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| (format!("z-{k}"), n))
+        .collect();
+    published.extend((0..FOREIGN_KEYS).map(|k| (format!("key-{k}"), rounds_confirmed)));
+    let handler_faults = plan.handler_faults();
+    let fated: HashSet<(String, u64)> = published
+        .iter()
+        .flat_map(|(key, n)| (0..*n).map(move |seq| (key.clone(), seq)))
+        .filter(|(key, seq)| handler_faults.fails_terminally(key.as_bytes(), *seq))
+        .collect();
+    let total: u64 = published.values().sum();
+    let due = total as usize - fated.len();
+    tokio::task::block_in_place(|| run.wait_handled(due, "the end of the load"));
+    let members = std::mem::take(&mut *run.members.lock().unwrap());
+    for tracked in members {
+        assert!(tracked.member.leave(), "a member did not leave cleanly");
+    }
+
+    // The log, with each fated message dead-lettered in its place in its key's order.
+    let handled = std::mem::replace(&mut *run.handled.lock().unwrap(), Handled::new(PathBuf::new()));
+    let mut next: HashMap<&str, u64> = HashMap::new();
+    let dead_lettered_in_place = |key: &str, from: u64, to: u64| {
+        for seq in from..to {
+            if fated.contains(&(key.to_owned(), seq)) {
+                checker.dead_lettered(key.as_bytes(), seq);
+            }
+        }
+    };
+    for (key, seq) in &handled.lines {
+        let from = next.get(key.as_str()).copied().unwrap_or(0);
+        if *seq >= from {
+            dead_lettered_in_place(key, from, *seq);
+            next.insert(key, seq + 1);
+        }
+        checker.handled(key.as_bytes(), *seq, None);
+    }
+    for (key, n) in &published {
+        let from = next.get(key.as_str()).copied().unwrap_or(0);
+        dead_lettered_in_place(key, from, *n);
+    }
+    let report = checker.report();
+    assert_eq!(report.lost, 0, "{report:#?}");
+    assert_eq!(report.order_violations, 0, "{report:#?}");
+    assert_eq!(report.finished, total, "{report:#?}");
+    let handled_fated: Vec<_> = fated.iter().filter(|m| handled.distinct.contains(m)).collect();
+    assert!(
+        handled_fated.is_empty(),
+        "messages the handler always fails terminally were printed as handled: {handled_fated:?}"
+    );
+
+    // The dead-letter topic holds exactly the fated messages, each with its reason.
+    let dlq = connection.dlq_topic().unwrap();
+    let mut found = HashSet::new();
+    for m in connection.read_topic(&dlq).await.unwrap() {
+        let key = String::from_utf8_lossy(m.key.as_deref().unwrap_or_default()).into_owned();
+        let seq = decode_seq(&m.payload).expect("a dead letter's payload is its probe's");
+        let header = |name: &str| m.headers.get_str(name).unwrap_or_default().to_owned();
+        let (cause, error) = (
+            header(convoy::dead_letter::DL_CAUSE),
+            header(convoy::dead_letter::DL_ERROR),
+        );
+        assert!(
+            cause == "terminal" && error.contains("injected terminal failure"),
+            "dead letter {key}/{seq} has the cause {cause:?} and the error {error:?}"
+        );
+        found.insert((key, seq));
+    }
+    assert_eq!(
+        found, fated,
+        "the dead-letter topic does not hold exactly the messages the seed fails"
+    );
+
+    let unhandled_after_end = commits_reached_the_end(url, topic, &published).await;
+    assert!(
+        unhandled_after_end.is_empty(),
+        "a fresh member handled messages of before the end: the group's commits had not reached them: {:?}",
+        &unhandled_after_end[..unhandled_after_end.len().min(10)]
+    );
+
+    let mut faults = BTreeMap::new();
+    for kind in &kinds {
+        *faults.entry(format!("{kind:?}")).or_default() += 1;
+    }
+    let mib = |kib: u64| (kib as f64 / 1024.0 * 10.0).round() / 10.0;
+    let soak = SoakReport {
+        published: (plan.messages, rounds_confirmed * FOREIGN_KEYS as u64),
+        handled_lines: handled.lines.len(),
+        handled_again: handled.lines.len() - handled.distinct.len(),
+        dead_letters: (fated.len(), found.len()),
+        faults,
+        rss_mib: run
+            .rss
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(first, last, peak)| (mib(*first), mib(*last), mib(*peak)))
+            .collect(),
+        wall: run.began.elapsed(),
+    };
+    eprintln!("{soak}");
+    soak
+}
+
+impl std::fmt::Display for SoakReport {
+    /// The report in a few lines, as RELIABILITY.md quotes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (convoy, foreign) = self.published;
+        writeln!(
+            f,
+            "soak: published {} ({convoy} by convoy, {foreign} by the foreign producer); handled lines {}, handled again {}; dead letters {} found of {} the seed fails; lost 0, order violations 0",
+            convoy + foreign,
+            self.handled_lines,
+            self.handled_again,
+            self.dead_letters.1,
+            self.dead_letters.0
+        )?;
+        writeln!(f, "soak: faults {:?}; wall {:.1?}", self.faults, self.wall)?;
+        let members: Vec<String> = self
+            .rss_mib
+            .iter()
+            .enumerate()
+            .map(|(i, (first, last, peak))| format!("m{i} {first}/{last}/{peak}"))
+            .collect();
+        write!(
+            f,
+            "soak: RSS MiB per member, first/last/peak: {}",
+            members.join(", ")
+        )
+    }
+}
+
+/// convoy's publisher: `plan.messages` probe messages over `spread`'s keys (`z-<i>`), in
+/// stamped batches (a batch sent again carries the same event ids) held to `plan.rate`.
+async fn produce(
+    publisher: Arc<dyn convoy::Publisher>,
+    checker: Arc<OrderChecker>,
+    spread: KeySpread,
+    plan: SoakPlan,
+) {
+    let began = tokio::time::Instant::now();
+    let mut sent = 0;
+    while sent < plan.messages {
+        let count = (plan.messages - sent).min(BATCH as u64) as usize;
+        let mut batch = probe_batch_spread(&checker, "z-", &spread, sent as usize, count, 0);
+        batch.iter_mut().for_each(convoy::OutgoingMessage::stamp);
+        let mut attempts = 0;
+        while let Err(e) = publisher.publish_all(batch.clone()).await {
+            attempts += 1;
+            if attempts == 1 || attempts % 50 == 0 {
+                eprintln!("soak: a batch not confirmed ({e}); publishing it again");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        sent += count as u64;
+        tokio::time::sleep_until(began + Duration::from_secs_f64(sent as f64 / plan.rate as f64)).await;
+    }
+}
+
+/// Gives a fresh member (no injected failures) one more message on every key of `published`,
+/// waits until it handled them all, and returns whatever else it handled: messages of before,
+/// which it would read first on their key, had the group's commits not reached them.
+async fn commits_reached_the_end(
+    url: &str,
+    topic: &str,
+    published: &HashMap<String, u64>,
+) -> Vec<(String, u64)> {
+    let log = Log::new(&format!("{topic}-after"));
+    let member = Member::start(url, &log.0);
+    let connection = convoy::connect(url).await.unwrap();
+    let publisher = connection.publisher(topic).unwrap();
+    let mut markers: Vec<convoy::OutgoingMessage> = published
+        .iter()
+        .map(|(key, n)| convoy::OutgoingMessage::new(bytes::Bytes::from(key.clone()), n.to_string()))
+        .collect();
+    markers.iter_mut().for_each(convoy::OutgoingMessage::stamp);
+    for chunk in markers.chunks(BATCH) {
+        publisher.publish_all(chunk.to_vec()).await.unwrap();
+    }
+    tokio::task::block_in_place(|| log.wait_handled(published.len()));
+    assert!(member.leave(), "the fresh member did not leave cleanly");
+    log.lines()
+        .into_iter()
+        .filter(|(key, seq)| published.get(key) != Some(seq))
+        .collect()
+}
+
+/// The resident set of process `pid` in KiB, if it still runs.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
