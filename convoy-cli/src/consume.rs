@@ -18,7 +18,7 @@ use convoy::{
 use crate::cli::{ConsumeArgs, DrainArg, PayloadEncoding};
 use crate::metrics_server;
 use crate::out::out;
-use crate::settings::{connect, fit_to_topics, through_outage};
+use crate::settings::{fit_to_topics, through_outage};
 use convoy_bench::FaultPlan;
 
 /// Longest payload printed per message.
@@ -156,7 +156,11 @@ pub async fn run(config: &ConnectConfig, args: &ConsumeArgs) -> crate::outcome::
 
 /// Connects, builds the engine and starts it.
 async fn start(config: &ConnectConfig, args: &ConsumeArgs) -> Result<Started, crate::outcome::CliError> {
-    let connection = connect(config).await?;
+    // A member started while its broker restarts waits it out, as a running member does; an
+    // address nothing answers at fails once the wait is over, with the same one-line error.
+    let connection = through_outage("connecting", || config.connect())
+        .await
+        .map_err(|e| e.to_string())?;
     if connection.endpoint().topics.is_empty() {
         return Err("name the topics to consume with --topic (or ?topics= in the URL)".into());
     }

@@ -245,10 +245,28 @@ fn a_prefilled_topic_needs_the_custom_scenario_and_kafka() {
 #[test]
 fn an_unreachable_broker_is_one_clear_line() {
     // Port 1 on the loopback: nothing listens there.
-    let out = convoy(&["--url", "kafka://127.0.0.1:1", "--topic", "t", "consume"]);
+    let out = convoy(&["--url", "kafka://127.0.0.1:1", "topic", "list"]);
     assert_one_line_error(
         &out,
         &["no Kafka broker answered at 127.0.0.1:1", "is it running"],
+    );
+}
+
+#[test]
+fn consume_waits_out_an_unreachable_broker_then_says_so_in_one_error() {
+    // A member started while its broker restarts waits (30 s, retrying with backoff, each
+    // retry a warning), then fails with the same one-line error as a one-shot command.
+    let out = convoy(&["--url", "kafka://127.0.0.1:1", "--topic", "t", "consume"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {stderr}");
+    assert!(
+        stderr.contains("connecting: the broker is unavailable; trying again"),
+        "{stderr}"
+    );
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ") && last.contains("no Kafka broker answered at 127.0.0.1:1"),
+        "{stderr}"
     );
 }
 

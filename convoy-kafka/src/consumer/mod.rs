@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use convoy_core::transport::{event_channel, EventSender};
+use convoy_core::transport::{wait_out_outage, JOIN_WITHIN};
 use convoy_core::transport::{PrefetchLimit, SourceEvent, Subscription};
 use convoy_core::{Transport, TransportError};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -198,7 +199,11 @@ impl Transport for KafkaTransport {
     }
 
     async fn subscribe_with(&self, limit: PrefetchLimit) -> Result<Subscription, TransportError> {
-        let counts = self.partition_counts().await?;
+        // A member started while its broker restarts waits it out before joining.
+        let counts = wait_out_outage(JOIN_WITHIN, "reading the subscribed topics", || {
+            self.partition_counts()
+        })
+        .await?;
         let partitions = counts.values().sum::<usize>().max(1);
         let prefetch = Prefetch::divide(limit, partitions);
         tracing::debug!(partitions, ?prefetch, "prefetch per partition");
