@@ -9,9 +9,9 @@ mod common;
 use std::time::Duration;
 
 use convoy_core::transport::{Commit, SourceEvent};
-use convoy_core::Transport;
+use convoy_core::{OutgoingMessage, Publisher, Transport};
 use convoy_kafka::convert::source_id;
-use convoy_kafka::KafkaTransport;
+use convoy_kafka::{KafkaPublisher, KafkaTransport};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_offsets_above_the_watermark_reach_the_next_owner() {
@@ -23,6 +23,13 @@ async fn finished_offsets_above_the_watermark_reach_the_next_owner() {
     common::create_topic(&bootstrap, &topic, 1).await;
     let config = common::test_config(&bootstrap, &common::unique("convoy-map-group"), &topic);
     let source = source_id(&topic, 0);
+    // Offsets 0..39 exist, so the position committed below is inside the partition (one past
+    // its end would be taken for a truncated log and dropped: tests/topic_changes_kafka.rs).
+    let publisher = KafkaPublisher::new(&config, &topic).unwrap();
+    let messages = (0..40)
+        .map(|i| OutgoingMessage::new("k", i.to_string()))
+        .collect();
+    publisher.publish_all(messages).await.unwrap();
 
     let mut first = KafkaTransport::new(config.clone())
         .unwrap()
