@@ -18,19 +18,25 @@ use convoy_nats::{admin, NatsDeadLetterSink, NatsPublisher, NatsTransport};
 use convoy_testkit::nodes::nats::NatsServer;
 use convoy_testkit::{restarts, OrderChecker};
 
+/// A private server of its own, started and healthy; none when the tests have no NATS (or the
+/// server's program is missing: skipped, which `CONVOY_REQUIRE_ALL` turns into a failure).
+async fn private_server() -> Option<NatsServer> {
+    common::server()?;
+    match tokio::task::spawn_blocking(NatsServer::start).await.unwrap() {
+        Ok(server) => Some(server),
+        Err(missing @ convoy_testkit::nodes::NodeError::Missing(_)) => {
+            convoy_testkit::support::skip(missing);
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_and_restarted_twice_loses_nothing() {
     common::init_tracing();
-    if common::server().is_none() {
+    let Some(mut server) = private_server().await else {
         return;
-    }
-    let mut server = match tokio::task::spawn_blocking(NatsServer::start).await.unwrap() {
-        Ok(server) => server,
-        Err(missing @ convoy_testkit::nodes::NodeError::Missing(_)) => {
-            convoy_testkit::support::skip(missing);
-            return;
-        }
-        Err(e) => panic!("{e}"),
     };
     let topic = common::unique("convoy-restart");
     let config = common::test_config(&server.address(), &common::unique("g"), &topic, 4);
@@ -71,16 +77,8 @@ async fn a_server_killed_and_restarted_twice_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_started_while_its_server_is_down_joins_once_it_is_back() {
     common::init_tracing();
-    if common::server().is_none() {
+    let Some(mut server) = private_server().await else {
         return;
-    }
-    let mut server = match tokio::task::spawn_blocking(NatsServer::start).await.unwrap() {
-        Ok(server) => server,
-        Err(missing @ convoy_testkit::nodes::NodeError::Missing(_)) => {
-            convoy_testkit::support::skip(missing);
-            return;
-        }
-        Err(e) => panic!("{e}"),
     };
     let topic = common::unique("convoy-late");
     let config = common::test_config(&server.address(), &common::unique("g"), &topic, 4);

@@ -191,9 +191,8 @@ struct Run {
     log: PathBuf,
     plan: SoakPlan,
     members: Mutex<Vec<Tracked>>,
-    started: Mutex<usize>,
     handled: Mutex<Handled>,
-    /// Per member (start order): (first, last, peak) RSS in KiB.
+    /// Per member started (its index is its start order): (first, last, peak) RSS in KiB.
     rss: Mutex<Vec<(u64, u64, u64)>>,
     csv: Mutex<Option<std::fs::File>>,
     began: Instant,
@@ -204,12 +203,11 @@ impl Run {
         let args = self.plan.member_args();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let member = Member::start_with(&self.url, &self.log, &args);
-        let mut started = self.started.lock().unwrap();
-        *started += 1;
-        self.rss.lock().unwrap().push((0, 0, 0));
+        let mut rss = self.rss.lock().unwrap();
+        rss.push((0, 0, 0));
         Tracked {
             member,
-            index: *started - 1,
+            index: rss.len() - 1,
         }
     }
 
@@ -324,7 +322,6 @@ pub async fn soak(
         log: log.0.clone(),
         plan: plan.clone(),
         members: Mutex::default(),
-        started: Mutex::new(0),
         handled: Mutex::new(Handled::new(log.0.clone())),
         rss: Mutex::default(),
         csv: Mutex::new(csv),
