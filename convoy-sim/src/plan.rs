@@ -47,6 +47,8 @@ pub struct Rates {
     /// The operator replays a parked key; a replay tool dies part-way (resumed later).
     pub replay: f64,
     pub partial_replay: f64,
+    /// An operator pauses a source or a key of one member for a while (resumed later).
+    pub operator_pause: f64,
     /// Per attempt: the handler fails transiently, terminally, panics, or hangs (until healed
     /// or cancelled).
     pub transient: f64,
@@ -150,6 +152,7 @@ impl Plan {
             empty_key: on(0.02, 0.15),
             no_id: on(0.05, 0.5),
             duplicate: on(0.02, 0.1),
+            operator_pause: 0.0,
         };
         let members = rng.usize(1..=3);
         let transform = rng.f64() < 0.3;
@@ -159,6 +162,15 @@ impl Plan {
             apart.usize(1..=6)
         } else {
             convoy_core::parking::CHECKPOINT_AFTER
+        };
+        let operator_pause = if apart.bool() {
+            0.02 + apart.f64() * 0.08
+        } else {
+            0.0
+        };
+        let rates = Rates {
+            operator_pause,
+            ..rates
         };
         Plan {
             seed,

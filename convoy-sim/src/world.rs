@@ -10,8 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use convoy_core::parking::{replay_key, resume_replay, ParkedKeys, PublisherFor};
 use convoy_core::{
-    BackPressure, Backoff, Engine, EngineConfig, EngineHandle, Jitter, OutgoingMessage, Publisher, Receipt,
-    RetryPolicy, SourceId, TransportError,
+    BackPressure, Backoff, Engine, EngineConfig, EngineHandle, Jitter, OutgoingMessage, PauseTarget,
+    Publisher, Receipt, RetryPolicy, SourceId, TransportError,
 };
 use convoy_memory::{MemoryBroker, MemoryDeadLetterSink, MemoryPublisher, MemoryTransport};
 use tokio::task::JoinHandle;
@@ -478,6 +478,36 @@ impl World {
             let die_after = self.rng.usize(0..3);
             self.replay(Some(die_after)).await;
         }
+        // Drawn last, so that seeds without it inject what they did before it existed.
+        if rates.operator_pause > 0.0 && self.rng.f64() < rates.operator_pause {
+            self.operator_pause().await;
+        }
+    }
+
+    /// An operator pauses a source or a key of one member, and resumes it a while later (from
+    /// a task of its own, so the pause spans faults and steps).
+    async fn operator_pause(&mut self) {
+        if self.members.is_empty() {
+            return;
+        }
+        let member = &self.members[self.rng.usize(..self.members.len())];
+        let (index, pauser) = (member.index, member.handle.pauser());
+        let target = if self.rng.bool() {
+            let sources = self.plan.sources();
+            PauseTarget::Source(sources[self.rng.usize(..sources.len())].clone())
+        } else {
+            PauseTarget::Key(Bytes::from(format!("k{}", self.rng.usize(..self.plan.keys))))
+        };
+        let span = Duration::from_millis(self.rng.u64(50..=2000));
+        let paused = pauser.pause(target.clone()).await;
+        self.event(format_args!(
+            "operator pauses {target:?} of member {index} for {span:?}{}",
+            if paused { "" } else { " (it had stopped)" }
+        ));
+        tokio::spawn(async move {
+            tokio::time::sleep(span).await;
+            pauser.resume(target).await;
+        });
     }
 
     /// Every source of the consumed topics.

@@ -5,9 +5,11 @@
 //! A paused key's lane starts no message (the one in flight finishes); its messages keep
 //! arriving and wait in order, held like any other (back-pressure counts them, and its
 //! source's watermark stops below the first), so nothing overtakes and nothing is committed
-//! past them. A paused source fetches nothing new; what it had received goes on. Both hold for
-//! this engine only and last until resumed or the engine stops: a source that moves to another
-//! member of the group goes on there. To hold a key across the whole group and across
+//! past them. A paused source fetches nothing more, and what still arrives of it (fetched
+//! before the transport heard, or on an assignment after the pause) waits unrouted until
+//! resumed; what had been routed before the pause goes on. Both hold for this engine only and
+//! last until resumed or the engine stops: a source that moves to another member of the group
+//! goes on there. To hold a key across the whole group and across
 //! restarts, park it (see [`parking`](crate::parking)).
 
 use bytes::Bytes;
@@ -51,7 +53,8 @@ pub struct Pauser(pub(crate) mpsc::Sender<PauseRequest>);
 
 impl Pauser {
     /// Pauses `target`. Once this returns, no message of a paused key starts (the one in
-    /// flight, if any, finishes) and a paused source is asked to fetch nothing more.
+    /// flight, if any, finishes), and a paused source fetches nothing more and routes nothing
+    /// that arrives after this returns (what was routed before goes on).
     pub async fn pause(&self, target: PauseTarget) -> bool {
         self.set(target, true).await
     }

@@ -15,6 +15,8 @@
 //! - [`flow`]: back-pressure (held messages, held bytes, watermark windows);
 //! - [`shards`]: commands to the shards answered as reports (drop, cancel);
 //! - [`read_back`]: newly assigned sources waiting for their parked keys;
+//! - [`unrouted`]: messages held, not routed, while a read-back or an operator's pause holds
+//!   their source;
 //! - [`commit`]: the commit in flight and when to start the next;
 //! - [`revoke`]: revokes, lost sources and their deadlines;
 //! - [`stop`]: the shutdown (drain, cancel, final commit), and stopping on a failure;
@@ -32,6 +34,7 @@ mod shards;
 mod source;
 mod stop;
 mod tick;
+mod unrouted;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -41,9 +41,12 @@ impl Intake {
                 PauseTarget::Source(source) => {
                     tracing::info!(%source, pause, "an operator's pause of a source");
                     match pause {
-                        true => self.paused_sources.insert(source),
+                        true => self.paused_sources.insert(source.clone()),
                         false => self.paused_sources.remove(&source),
                     };
+                    if let (false, Some(&slot)) = (pause, self.by_id.get(&source)) {
+                        self.release_unrouted(slot);
+                    }
                     self.apply_flow();
                     answered(reply);
                 }

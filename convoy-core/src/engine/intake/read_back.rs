@@ -16,16 +16,13 @@ use tokio::time::Instant;
 use super::Intake;
 use crate::dead_letter::DeadLetterSink;
 use crate::engine::parking::Parking;
-use crate::message::Message;
 
 /// A source waiting for its read-back.
 pub(super) struct Waiting {
     /// The read-back that must finish first.
     pub read_back: u64,
-    /// Since when it waits.
+    /// Since when it waits (what arrives meanwhile is held unrouted).
     pub since: Instant,
-    /// Messages that arrived meanwhile, in order (held, not routed).
-    pub batches: Vec<Vec<Message>>,
 }
 
 /// The read-backs of one engine: at most one running.
@@ -101,13 +98,8 @@ impl Intake {
             let Some(waiting) = state.waiting.take() else {
                 continue;
             };
-            let source = state.id.clone();
-            tracing::debug!(%source, waited = ?waiting.since.elapsed(), "parked keys read back; the source flows");
-            for batch in waiting.batches {
-                let (count, weight) = (batch.len(), batch.iter().map(Message::weight).sum::<usize>());
-                self.unhold(slot, count, weight);
-                self.route(slot, source.clone(), batch);
-            }
+            tracing::debug!(source = %state.id, waited = ?waiting.since.elapsed(), "parked keys read back; the source flows");
+            self.release_unrouted(slot);
         }
         let still_waiting = self
             .sources

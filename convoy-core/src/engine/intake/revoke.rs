@@ -98,17 +98,9 @@ impl Intake {
             };
             state.revoking = true;
             let epoch = state.epoch;
-            // What waited for a read-back never started: the next owner reads it.
-            if let Some(waiting) = state.waiting.take() {
-                let count = waiting.batches.iter().map(Vec::len).sum();
-                let weight = waiting
-                    .batches
-                    .iter()
-                    .flatten()
-                    .map(crate::message::Message::weight)
-                    .sum();
-                self.unhold(slot, count, weight);
-            }
+            // What was held unrouted never started: the next owner reads it.
+            state.waiting = None;
+            self.drop_unrouted(slot);
             members.push((slot, epoch));
         }
         let now = Instant::now();

@@ -39,22 +39,10 @@ impl Intake {
         if let (Some((parking, _)), Some(first)) = (&self.parking, messages.first()) {
             parking.received(&source, first.offset);
         }
-        let Some(state) = self.state(slot) else {
-            return;
-        };
-        if let Some(waiting) = state.waiting.as_mut() {
-            // Held, unrouted, until the parked keys are read back (back-pressure pauses it).
-            let (count, weight) = (
-                messages.len(),
-                messages.iter().map(Message::weight).sum::<usize>(),
-            );
-            waiting.batches.push(messages);
-            state.held += count;
-            state.held_bytes += weight;
-            self.held_total += count;
-            self.held_bytes += weight;
-            self.publish_held();
-            self.apply_flow();
+        if self.holds_unrouted(slot) {
+            // Held, unrouted, until the parked keys are read back or an operator resumes the
+            // source (back-pressure pauses it meanwhile).
+            self.hold_unrouted(slot, messages);
             return;
         }
         self.route(slot, source, messages);

@@ -8,7 +8,7 @@ use super::read_back::Waiting;
 use super::Intake;
 use crate::backpressure::Gate;
 use crate::engine::shard::Completion;
-use crate::message::{Offset, SourceId};
+use crate::message::{Message, Offset, SourceId};
 use crate::transport::{Assignment, Lease};
 use crate::watermark::{Progress, Seq, WatermarkTracker};
 
@@ -54,6 +54,8 @@ pub(super) struct SourceState {
     pub lease: Option<Lease>,
     /// Waiting for parked keys to be read back before its messages are routed.
     pub waiting: Option<Waiting>,
+    /// Messages received but not routed yet, in order (see `unrouted`).
+    pub unrouted: Vec<Vec<Message>>,
     /// Messages finished in this assignment, and how many of them a confirmed commit covers
     /// (what a commit that never went through leaves to be handled again).
     pub finished: u64,
@@ -120,8 +122,8 @@ impl Intake {
             waiting: read_back.map(|read_back| Waiting {
                 read_back,
                 since: Instant::now(),
-                batches: Vec::new(),
             }),
+            unrouted: Vec::new(),
             finished: 0,
             committed_finished: 0,
         };

@@ -139,19 +139,12 @@ impl Intake {
             retry_at: None,
             retry_wait: RETRY_FIRST,
         });
-        // What waited for a read-back never started: the next owner reads it.
+        // What was held unrouted never started: the next owner reads it.
         for slot in 0..self.sources.len() as u32 {
-            let Some(waiting) = self.state(slot).and_then(|s| s.waiting.take()) else {
-                continue;
-            };
-            let count = waiting.batches.iter().map(Vec::len).sum();
-            let weight = waiting
-                .batches
-                .iter()
-                .flatten()
-                .map(crate::message::Message::weight)
-                .sum();
-            self.unhold(slot, count, weight);
+            if let Some(state) = self.state(slot) {
+                state.waiting = None;
+            }
+            self.drop_unrouted(slot);
         }
         self.apply_flow();
     }
