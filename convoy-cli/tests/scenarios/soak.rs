@@ -289,7 +289,7 @@ impl Run {
             SoakFault::Freeze => {
                 let members = self.members.lock().unwrap();
                 let frozen = &members[target].member;
-                frozen.signal("STOP");
+                frozen.freeze();
                 std::thread::sleep(self.plan.freeze_for);
                 frozen.signal("CONT");
             }
