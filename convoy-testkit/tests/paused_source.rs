@@ -1,7 +1,7 @@
 //! An operator's pause of a source holds whatever of it still arrives: the first fetch of a
 //! source assigned after the pause, or a batch already on its way when the transport was told
 //! (a prefetch). Nothing of it starts until resumed, then all of it runs in order; nothing is
-//! committed past it meanwhile, and a stop does not wait for it. On a paused clock, with a
+//! committed past it meanwhile, and neither a stop nor a message limit waits for it. On a paused clock, with a
 //! scripted transport where the test plays the broker.
 
 #![allow(clippy::unwrap_used)] // tests unwrap what they set up themselves
@@ -19,6 +19,10 @@ type Seen = Arc<Mutex<Vec<(String, u32)>>>;
 
 /// An engine on a scripted transport whose handler records (key, payload as a number).
 fn start() -> (Script, EngineHandle, Seen) {
+    start_with(test_config("paused-source"))
+}
+
+fn start_with(config: convoy_core::EngineConfig) -> (Script, EngineHandle, Seen) {
     let seen = Seen::default();
     let handler = {
         let seen = seen.clone();
@@ -36,7 +40,7 @@ fn start() -> (Script, EngineHandle, Seen) {
     let bed = MemoryTarget::new().memory_bed(1);
     let (script, subscription) = scripted(Some(Duration::from_secs(60)));
     let running = Engine::builder(handler)
-        .config(test_config("paused-source"))
+        .config(config)
         .dead_letter_sink(bed.dead_letter_sink())
         .build()
         .unwrap()
@@ -148,4 +152,29 @@ async fn a_stop_does_not_wait_for_what_a_paused_source_holds() {
     // Uncommitted, so the next owner reads them: no commit of the paused source moved.
     assert!(script.commits().iter().all(|c| c.source != paused || c.next == 0));
     assert!(script.closed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_limit_reached_elsewhere_does_not_wait_for_a_paused_source() {
+    let mut config = test_config("paused-source");
+    config.max_messages = Some(3);
+    let (script, running, seen) = start_with(config);
+    let pauser = running.pauser();
+    let (paused, flowing) = (SourceId::new("t/0"), SourceId::new("t/1"));
+    assert!(pauser.pause_source(paused.clone()).await);
+    script.control(SourceEvent::Assigned(vec![
+        Assignment::new(paused.clone(), None),
+        Assignment::new(flowing.clone(), None),
+    ]));
+    send(&script, &paused, "a", 0..3).await;
+    send(&script, &flowing, "b", 0..3).await;
+    // Three taken and finished: the engine stops by itself, though a's wait unrouted.
+    let report = tokio::time::timeout(Duration::from_secs(60), running.join())
+        .await
+        .expect("the engine stopped at its limit")
+        .unwrap();
+    assert_eq!(report.stats.handled, 3);
+    assert_eq!(of(&seen, "b"), [0, 1, 2]);
+    assert_eq!(of(&seen, "a"), Vec::<u32>::new());
+    assert!(script.commits().iter().all(|c| c.source != paused || c.next == 0));
 }

@@ -44,7 +44,7 @@ use super::lease::ConnectionLease;
 use super::partition::{Ended, PartitionParts, PartitionTask};
 use super::{acks, Owned, Shared};
 use crate::connect::connect;
-use crate::error::{answered, broker};
+use crate::error::{amqp_error, answered, broker};
 use crate::topology;
 
 /// Marks for partition channels, unique in the process (see `Owned::token`).
@@ -105,28 +105,8 @@ pub(super) async fn join(shared: Arc<Shared>) -> Result<GroupMember<Locks>, Tran
             crate::registry::declare_recorded(&connection, topic, config, config.partitions).await?;
         crate::registry::tell_if_new_group(topic, &config.group, &declared);
     }
-    let members = answered("opening the membership channel", connection.create_channel())
-        .await?
-        .map_err(|e| broker("opening the membership channel", e))?;
-    let name = topology::members_queue(&config.group);
-    let declare = members.queue_declare(name.as_str().into(), members_options(), FieldTable::default());
-    answered("declaring the membership queue", declare)
-        .await?
-        .map_err(|e| broker("declaring the membership queue", e))?;
-    answered(
-        "joining the group",
-        members.basic_qos(1, BasicQosOptions::default()),
-    )
-    .await?
-    .map_err(|e| broker("joining the group", e))?;
-    let options = BasicConsumeOptions {
-        no_ack: true,
-        ..BasicConsumeOptions::default()
-    };
-    let consume = members.basic_consume(name.as_str().into(), "".into(), options, FieldTable::default());
-    let consumer = answered("joining the group", consume)
-        .await?
-        .map_err(|e| broker("joining the group", e))?;
+    let (members, consumer) =
+        consume_membership(&connection, &topology::members_queue(&config.group)).await?;
     let utility = answered("opening a channel", connection.create_channel())
         .await?
         .map_err(|e| broker("opening a channel", e))?;
@@ -379,6 +359,46 @@ async fn open_partition(
             Err(TransportError::Unavailable(format!(
                 "{queue} did not start delivering within {CONSUME_TIMEOUT:?} (a quorum queue without a leader yet?)"
             )))
+        }
+    }
+}
+
+/// Declares the membership queue `name` and consumes it, on a channel of its own. The queue is
+/// deleted when its last consumer goes (`auto_delete`): a member joining just as the last one
+/// leaves may find it gone between the declare and the consume (a 404 that closes the channel),
+/// and then declares it again on a new channel. (CI once caught a member exiting on that 404.)
+async fn consume_membership(
+    connection: &Connection,
+    name: &str,
+) -> Result<(Channel, Consumer), TransportError> {
+    const ATTEMPTS: u32 = 5;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let members = answered("opening the membership channel", connection.create_channel())
+            .await?
+            .map_err(|e| broker("opening the membership channel", e))?;
+        let declare = members.queue_declare(name.into(), members_options(), FieldTable::default());
+        answered("declaring the membership queue", declare)
+            .await?
+            .map_err(|e| broker("declaring the membership queue", e))?;
+        answered(
+            "joining the group",
+            members.basic_qos(1, BasicQosOptions::default()),
+        )
+        .await?
+        .map_err(|e| broker("joining the group", e))?;
+        let options = BasicConsumeOptions {
+            no_ack: true,
+            ..BasicConsumeOptions::default()
+        };
+        let consume = members.basic_consume(name.into(), "".into(), options, FieldTable::default());
+        match answered("joining the group", consume).await? {
+            Ok(consumer) => return Ok((members, consumer)),
+            Err(e) if attempt < ATTEMPTS && amqp_error(&e).is_some_and(|(code, _)| code == 404) => {
+                tracing::debug!(queue = name, error = %e, "the membership queue went with the last member as this one joined; declaring it again");
+            }
+            Err(e) => return Err(broker("joining the group", e)),
         }
     }
 }

@@ -10,14 +10,16 @@
 //! - **Faults**, from the seed, each once the load has moved on: a member killed with SIGKILL
 //!   and replaced, stopped with SIGTERM and replaced, frozen (SIGSTOP) past its session and
 //!   thawed, and the broker restarted (the test's closure). Each kind happens at least once when
-//!   there are four faults or more.
+//!   there are four faults or more. The first member is the *witness*: it is frozen like any
+//!   other but never killed or stopped, so one process lives through the whole load.
 //! - **The verifier** replays the log: every published (key, seq) handled at least once, or
 //!   found in the dead-letter topic — exactly the messages the seed fails there — and no key's
 //!   order violated (a dead letter counts in its place in its key's order). Then a fresh member
 //!   is given one more message on every key and must handle those and nothing else: the
 //!   group's commits had reached the end of every partition.
 //! - **Memory**: every member's RSS is sampled throughout, into a CSV under `CONVOY_SOAK_OUT`
-//!   when it is set, and summarised in the report.
+//!   when it is set, and summarised in the report, with the witness's RSS once a tenth of the
+//!   load was handled beside its RSS at the end (flat: within 10 %).
 //!
 //! CI runs 200,000 messages per broker; `scripts/soak` runs it long (RELIABILITY.md).
 
@@ -48,6 +50,8 @@ const BATCH: usize = 500;
 const STALL_LIMIT: Duration = Duration::from_secs(180);
 /// How often progress is read and RSS sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// The member never killed or stopped (the first started).
+const WITNESS: usize = 0;
 
 /// The size and seed of a soak.
 #[derive(Clone, Debug)]
@@ -175,6 +179,8 @@ pub struct SoakReport {
     /// Per member started (in start order): RSS in MiB when first and last sampled, and its
     /// peak.
     pub rss_mib: Vec<(f64, f64, f64)>,
+    /// The witness's RSS in MiB once a tenth of the load was handled, and at the end.
+    pub witness_mib: (f64, f64),
     /// From the first message published until the last verification.
     pub wall: Duration,
 }
@@ -194,6 +200,9 @@ struct Run {
     handled: Mutex<Handled>,
     /// Per member started (its index is its start order): (first, last, peak) RSS in KiB.
     rss: Mutex<Vec<(u64, u64, u64)>>,
+    /// The witness's RSS in KiB once a tenth of the load was handled (as many messages as a
+    /// tenth of convoy's publisher's).
+    witness_at_tenth: Mutex<Option<u64>>,
     csv: Mutex<Option<std::fs::File>>,
     began: Instant,
 }
@@ -223,7 +232,8 @@ impl Run {
         let mut rss = self.rss.lock().unwrap();
         let mut csv = self.csv.lock().unwrap();
         for tracked in members.iter() {
-            let Some(kib) = rss_kib(tracked.member.0.id()) else {
+            // Nothing mapped yet right after the spawn: no sample.
+            let Some(kib) = rss_kib(tracked.member.0.id()).filter(|&kib| kib > 0) else {
                 continue;
             };
             let entry = &mut rss[tracked.index];
@@ -232,6 +242,9 @@ impl Run {
             }
             entry.1 = kib;
             entry.2 = entry.2.max(kib);
+            if tracked.index == WITNESS && handled as u64 >= self.plan.messages / 10 {
+                self.witness_at_tenth.lock().unwrap().get_or_insert(kib);
+            }
             if let Some(file) = csv.as_mut() {
                 let _ = writeln!(file, "{elapsed:.2},{handled},{},{kib}", tracked.index);
             }
@@ -268,9 +281,18 @@ impl Run {
             .join("\n")
     }
 
-    /// Runs one fault on a seeded member.
+    /// Runs one fault on a seeded member (never the witness, unless frozen).
     fn inject(&self, fault: SoakFault, rng: &mut fastrand::Rng, broker: &mut dyn FnMut()) {
-        let target = rng.usize(..self.plan.members);
+        let target = match fault {
+            SoakFault::Kill | SoakFault::Terminate => {
+                let members = self.members.lock().unwrap();
+                let others: Vec<usize> = (0..members.len())
+                    .filter(|&i| members[i].index != WITNESS)
+                    .collect();
+                others[rng.usize(..others.len())]
+            }
+            _ => rng.usize(..self.plan.members),
+        };
         eprintln!(
             "soak: {fault:?} at {:.1?} (member slot {target})",
             self.began.elapsed()
@@ -324,6 +346,7 @@ pub async fn soak(
         members: Mutex::default(),
         handled: Mutex::new(Handled::new(log.0.clone())),
         rss: Mutex::default(),
+        witness_at_tenth: Mutex::default(),
         csv: Mutex::new(csv),
         began: Instant::now(),
     });
@@ -463,6 +486,11 @@ pub async fn soak(
         *faults.entry(format!("{kind:?}")).or_default() += 1;
     }
     let mib = |kib: u64| (kib as f64 / 1024.0 * 10.0).round() / 10.0;
+    let witness_at_end = run.rss.lock().unwrap()[WITNESS].1;
+    let witness_mib = (
+        mib(run.witness_at_tenth.lock().unwrap().unwrap_or_default()),
+        mib(witness_at_end),
+    );
     let soak = SoakReport {
         published: (plan.messages, rounds_confirmed * FOREIGN_KEYS as u64),
         handled_lines: handled.lines.len(),
@@ -476,6 +504,7 @@ pub async fn soak(
             .iter()
             .map(|(first, last, peak)| (mib(*first), mib(*last), mib(*peak)))
             .collect(),
+        witness_mib,
         wall: run.began.elapsed(),
     };
     eprintln!("{soak}");
@@ -502,10 +531,16 @@ impl std::fmt::Display for SoakReport {
             .enumerate()
             .map(|(i, (first, last, peak))| format!("m{i} {first}/{last}/{peak}"))
             .collect();
-        write!(
+        writeln!(
             f,
             "soak: RSS MiB per member, first/last/peak: {}",
             members.join(", ")
+        )?;
+        let (tenth, end) = self.witness_mib;
+        write!(
+            f,
+            "soak: the witness (m{WITNESS}, never killed or stopped): RSS {tenth} MiB once a tenth of the load was handled, {end} MiB at the end ({:+.1} %)",
+            (end / tenth - 1.0) * 100.0
         )
     }
 }

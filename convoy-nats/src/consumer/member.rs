@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::{CreateErrorKind, Operation, Store, UpdateErrorKind};
 use async_trait::async_trait;
+use convoy_core::metrics::{source_hole, HoleReason};
 use convoy_core::transport::{wait_out_outage, JOIN_WITHIN};
 use convoy_core::transport::{Assignment, Lease, SourceEvent};
 use convoy_core::transport::{Ended, EventSender, GroupLocks, GroupMember, LockLoss, MemberTiming};
@@ -222,7 +223,7 @@ impl Locks {
                 None => (WatermarkEntry::default(), None),
             };
             let last_sequence = info.state.last_sequence;
-            let committed = checked_against_stream(topic, p, &stored, stream_created, last_sequence);
+            let (committed, hole) = checked_against_stream(&stored, stream_created, &info.state);
             // What was finished above a watermark that fits is skipped; the claim keeps it.
             let finished_above: Vec<Offset> = match committed {
                 Some(_) => stored
@@ -254,7 +255,12 @@ impl Locks {
                 }),
             };
             match claimed {
-                Ok(revision) => break (committed, finished_above, revision),
+                Ok(revision) => {
+                    if let Some(hole) = hole {
+                        report(&self.shared.config.group, topic, p, stored.watermark, hole);
+                    }
+                    break (committed, finished_above, revision);
+                }
                 // A former owner committed in between: read again.
                 Err((true, _)) if attempts < 5 => continue,
                 Err((_, e)) => return Err(e),
@@ -401,33 +407,62 @@ pub(super) struct Start {
     stream: async_nats::jetstream::stream::Stream,
 }
 
-/// The stored watermark of partition `p` of `topic` where it still fits the stream: a stream
-/// created since it was written (deleted and created again, restored from a backup) or a
-/// watermark beyond the stream's last message (a lost unsynced tail) would make reading start
-/// past messages never handled. Such a watermark is reset loudly and the partition read from
-/// the stream's first message: a duplicate beats a silent loss.
-fn checked_against_stream(
-    topic: &str,
-    p: u32,
-    stored: &WatermarkEntry,
-    stream_created: i128,
-    last_sequence: u64,
-) -> Option<Offset> {
-    let watermark = stored.watermark?;
-    let why = if stored.stream_created.is_some_and(|c| c != stream_created) {
-        "the stream was created again since it was written"
-    } else if watermark > last_sequence {
-        "it is beyond the stream's last message"
-    } else {
-        return Some(watermark);
-    };
-    tracing::warn!(topic, partition = p, watermark, last_sequence, "the committed watermark does not fit the stream ({why}): reading the partition from its first message again");
-    metrics::counter!(WATERMARK_RESETS, "topic" => topic.to_owned()).increment(1);
-    None
+/// Why a stored watermark was not taken as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hole {
+    /// It does not fit the stream: reading starts at the stream's first message again.
+    Reset(&'static str),
+    /// Messages after it were deleted before the group read them: reading resumes at `first`,
+    /// the first kept.
+    Deleted { first: u64 },
 }
 
-/// Watermarks reset because they did not fit their stream.
-pub const WATERMARK_RESETS: &str = "convoy_nats_watermark_resets_total";
+/// The stored watermark where it still fits the stream, and what is wrong with it if anything.
+/// A stream created since it was written (deleted and created again, restored from a backup)
+/// or a watermark beyond the stream's last message (a purge, a lost unsynced tail) would make
+/// reading start past messages never handled: such a watermark is reset and the partition read
+/// from the stream's first message — a duplicate beats a silent loss. A watermark below the
+/// stream's first kept message (its limits or a purge deleted messages the group never read)
+/// is kept: reading resumes at the first kept message, and the loss is said.
+fn checked_against_stream(
+    stored: &WatermarkEntry,
+    stream_created: i128,
+    state: &async_nats::jetstream::stream::State,
+) -> (Option<Offset>, Option<Hole>) {
+    let Some(watermark) = stored.watermark else {
+        return (None, None);
+    };
+    if stored.stream_created.is_some_and(|c| c != stream_created) {
+        (
+            None,
+            Some(Hole::Reset("the stream was created again since it was written")),
+        )
+    } else if watermark > state.last_sequence {
+        (None, Some(Hole::Reset("it is beyond the stream's last message")))
+    } else if watermark + 1 < state.first_sequence {
+        let first = state.first_sequence;
+        (Some(watermark), Some(Hole::Deleted { first }))
+    } else {
+        (Some(watermark), None)
+    }
+}
+
+/// Says a hole of `group` loudly (once, when the partition is claimed) and counts it
+/// (`convoy_source_holes_total`).
+fn report(group: &str, topic: &str, p: u32, watermark: Option<Offset>, hole: Hole) {
+    let source = SourceId::partition(topic, p);
+    match hole {
+        Hole::Reset(why) => {
+            tracing::error!(%source, group, watermark, "the committed watermark does not fit the stream ({why}): reading the partition from its first message again (what was handled before is handled again)");
+            source_hole(group, &source, HoleReason::PastEnd);
+        }
+        Hole::Deleted { first } => {
+            let gone = first - watermark.map_or(1, |w| w + 1);
+            tracing::error!(%source, group, watermark, first_kept = first, "messages after the committed watermark were deleted before this group read them (the stream's limits, or a purge): up to {gone} of the stream's messages are lost, some of them possibly this partition's; reading on from the first kept");
+            source_hole(group, &source, HoleReason::Deleted);
+        }
+    }
+}
 
 /// The member's life: serve until the subscription is closed, then say so. (Leases are per key,
 /// so no session on NATS ends by losing every lock at once.)

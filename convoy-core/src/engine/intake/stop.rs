@@ -151,11 +151,18 @@ impl Intake {
 
     /// With a message limit: once that many were taken and all of them finished, stop.
     pub(super) fn stop_at_limit(&mut self) {
-        let reached = self
-            .config
-            .max_messages
-            .is_some_and(|max| self.taken >= max && self.held_total == 0);
-        if reached && self.stopping.is_none() {
+        if self.stopping.is_some() || !self.limit_reached() {
+            return;
+        }
+        // What waits unrouted (a paused source's, one waiting for its read-back) would never
+        // be taken now: it goes uncommitted, and must not keep the engine from stopping.
+        if self.sources.iter().flatten().any(|s| !s.unrouted.is_empty()) {
+            for slot in 0..self.sources.len() as u32 {
+                self.drop_unrouted(slot);
+            }
+        }
+        let reached = self.held_total == 0;
+        if reached {
             tracing::info!(
                 taken = self.taken,
                 "the message limit is reached and every message finished: stopping"

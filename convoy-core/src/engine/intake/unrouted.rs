@@ -20,8 +20,17 @@ impl Intake {
         !self.paused_sources.is_empty() && self.paused_sources.contains(source)
     }
 
-    /// Holds `messages` of `slot` behind what it holds already.
+    /// With a message limit: true once that many were taken.
+    pub(super) fn limit_reached(&self) -> bool {
+        self.config.max_messages.is_some_and(|max| self.taken >= max)
+    }
+
+    /// Holds `messages` of `slot` behind what it holds already (past the message limit they
+    /// would never be taken: they are left, uncommitted).
     pub(super) fn hold_unrouted(&mut self, slot: u32, messages: Vec<Message>) {
+        if self.limit_reached() {
+            return;
+        }
         let (count, weight) = (
             messages.len(),
             messages.iter().map(Message::weight).sum::<usize>(),
