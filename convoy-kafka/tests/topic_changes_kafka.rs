@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use convoy_core::metrics::{PARTITIONS_ADDED, SOURCE_HOLES};
@@ -21,44 +21,14 @@ use convoy_kafka::{KafkaConfig, KafkaDeadLetterSink, KafkaPublisher, KafkaTransp
 use convoy_testkit::conformance::test_config;
 use convoy_testkit::probe::{publish_load, ProbeHandler, RecordingSink};
 use convoy_testkit::support::unique;
-use convoy_testkit::OrderChecker;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use convoy_testkit::{recorded, OrderChecker};
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 
-/// One recorder for the test binary (a global recorder is set once).
-fn snapshotter() -> &'static Snapshotter {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::set_global_recorder(recorder).unwrap();
-        snapshotter
-    })
-}
-
 /// `convoy_source_holes_total` of `group` with `reason`.
 fn holes(group: &str, reason: &str) -> u64 {
-    counter(SOURCE_HOLES, &[("group", group), ("reason", reason)])
-}
-
-/// The counter `name` summed over the series with these labels.
-fn counter(name: &str, with: &[(&str, &str)]) -> u64 {
-    snapshotter()
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, _, _, _)| key.key().name() == name)
-        .filter(|(key, _, _, _)| {
-            let labels: Vec<_> = key.key().labels().map(|l| (l.key(), l.value())).collect();
-            with.iter().all(|l| labels.contains(l))
-        })
-        .map(|(_, _, _, value)| match value {
-            DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum()
+    recorded::counter(SOURCE_HOLES, &[("group", group), ("reason", reason)])
 }
 
 async fn start(config: &KafkaConfig, checker: &Arc<OrderChecker>) -> EngineHandle {
@@ -89,7 +59,7 @@ async fn a_topic_created_again_under_the_group_is_read_from_its_beginning() {
     let Some(bootstrap) = common::bootstrap() else {
         return;
     };
-    snapshotter();
+    recorded::record();
     let topic = unique("convoy-again");
     let config = common::test_config(&bootstrap, &unique("g"), &topic);
     common::create_topic(&bootstrap, &topic, 1).await;
@@ -142,7 +112,7 @@ async fn a_committed_position_past_the_end_is_said_and_the_partition_read_from_i
     let Some(bootstrap) = common::bootstrap() else {
         return;
     };
-    snapshotter();
+    recorded::record();
     let topic = unique("convoy-past-end");
     let config = common::test_config(&bootstrap, &unique("g"), &topic);
     common::create_topic(&bootstrap, &topic, 1).await;
@@ -184,7 +154,7 @@ async fn messages_deleted_before_the_group_consumed_them_are_a_counted_hole() {
     let Some(bootstrap) = common::bootstrap() else {
         return;
     };
-    snapshotter();
+    recorded::record();
     let topic = unique("convoy-hole");
     let config = common::test_config(&bootstrap, &unique("g"), &topic);
     common::create_topic(&bootstrap, &topic, 1).await;
@@ -224,7 +194,7 @@ async fn a_topic_grown_under_the_group_is_said_and_read_whole() {
     let Some(bootstrap) = common::bootstrap() else {
         return;
     };
-    snapshotter();
+    recorded::record();
     let topic = unique("convoy-grown");
     let mut config = common::test_config(&bootstrap, &unique("g"), &topic);
     // librdkafka sees new partitions at its next metadata refresh (5 minutes by default).
@@ -251,7 +221,7 @@ async fn a_topic_grown_under_the_group_is_said_and_read_whole() {
         .unwrap();
     assert!(grown.iter().all(Result::is_ok), "{grown:?}");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while counter(
+    while recorded::counter(
         PARTITIONS_ADDED,
         &[("group", &config.group_id), ("topic", &topic)],
     ) != 2

@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use convoy_core::metrics::SOURCE_HOLES;
@@ -19,35 +19,13 @@ use convoy_core::Engine;
 use convoy_nats::{admin, topology, NatsConfig, NatsDeadLetterSink, NatsPublisher, NatsTransport};
 use convoy_testkit::conformance::test_config;
 use convoy_testkit::probe::{publish_load, ProbeHandler, RecordingSink};
-use convoy_testkit::OrderChecker;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use convoy_testkit::{recorded, OrderChecker};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// `convoy_source_holes_total` of `group` with `reason` (one recorder for the test binary).
+/// `convoy_source_holes_total` of `group` with `reason`.
 fn holes(group: &str, reason: &str) -> u64 {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    let snapshotter = SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::set_global_recorder(recorder).unwrap();
-        snapshotter
-    });
-    let wanted = [("group", group), ("reason", reason)];
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, _, _, _)| key.key().name() == SOURCE_HOLES)
-        .filter(|(key, _, _, _)| {
-            let labels: Vec<_> = key.key().labels().map(|l| (l.key(), l.value())).collect();
-            wanted.iter().all(|l| labels.contains(l))
-        })
-        .map(|(_, _, _, value)| match value {
-            DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum()
+    recorded::counter(SOURCE_HOLES, &[("group", group), ("reason", reason)])
 }
 
 /// Runs the group's engine until `checker` saw everything published, then stops it.
@@ -74,7 +52,7 @@ async fn a_watermark_of_a_stream_created_again_is_reset_not_trusted() {
     let Some(server) = common::server() else {
         return;
     };
-    holes("", ""); // the recorder is set before any engine counts
+    recorded::record(); // before any engine counts
     let topic = common::unique("convoy-recreated");
     let config = common::test_config(&server, &common::unique("g"), &topic, 1);
     admin::create_topics(&config, &[(&topic, 1)]).await.unwrap();
@@ -110,7 +88,7 @@ async fn messages_deleted_before_the_group_read_them_are_a_hole_said_and_counted
     let Some(server) = common::server() else {
         return;
     };
-    holes("", "");
+    recorded::record();
     let topic = common::unique("convoy-purged");
     let config = common::test_config(&server, &common::unique("g"), &topic, 1);
     admin::create_topics(&config, &[(&topic, 1)]).await.unwrap();

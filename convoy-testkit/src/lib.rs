@@ -29,6 +29,7 @@ pub mod ownership;
 pub mod parking;
 pub mod proxy;
 pub mod readback;
+pub mod recorded;
 pub mod restarts;
 pub mod script;
 pub mod support;

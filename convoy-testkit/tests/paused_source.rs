@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use convoy_core::transport::{Assignment, SourceEvent};
-use convoy_core::{handler_fn, Delivery, Engine, EngineHandle, HandlerError, SourceId};
+use convoy_core::{handler_fn, Delivery, Engine, EngineHandle, HandlerError, Pauser, SourceId};
 use convoy_testkit::conformance::{test_config, TestBed};
 use convoy_testkit::memory::MemoryTarget;
 use convoy_testkit::script::{message, scripted, Script};
@@ -56,6 +56,18 @@ async fn send(script: &Script, source: &SourceId, key: &str, numbers: std::ops::
     script.messages(source, batch).await;
 }
 
+/// Pauses `t/0`, then assigns it and `t/1`: the paused source's first fetch is already on its
+/// way when it is assigned. Returns (`t/0`, `t/1`).
+async fn paused_before_assigned(script: &Script, pauser: &Pauser) -> (SourceId, SourceId) {
+    let (paused, flowing) = (SourceId::new("t/0"), SourceId::new("t/1"));
+    assert!(pauser.pause_source(paused.clone()).await);
+    script.control(SourceEvent::Assigned(vec![
+        Assignment::new(paused.clone(), None),
+        Assignment::new(flowing.clone(), None),
+    ]));
+    (paused, flowing)
+}
+
 async fn wait_finished(running: &EngineHandle, finished: u64) {
     while running.stats().finished() < finished {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -71,13 +83,7 @@ fn of(seen: &Seen, key: &str) -> Vec<u32> {
 async fn what_arrives_of_a_paused_source_waits_unrouted_until_resumed() {
     let (script, running, seen) = start();
     let pauser = running.pauser();
-    let (paused, flowing) = (SourceId::new("t/0"), SourceId::new("t/1"));
-    // Paused before it is assigned: its first fetch is already on its way.
-    assert!(pauser.pause_source(paused.clone()).await);
-    script.control(SourceEvent::Assigned(vec![
-        Assignment::new(paused.clone(), None),
-        Assignment::new(flowing.clone(), None),
-    ]));
+    let (paused, flowing) = paused_before_assigned(&script, &pauser).await;
     send(&script, &paused, "a", 0..3).await;
     send(&script, &flowing, "b", 0..3).await;
     // One channel, in order: once b's messages finished, a's were received before them.
@@ -131,12 +137,7 @@ async fn what_arrives_of_a_paused_source_waits_unrouted_until_resumed() {
 async fn a_stop_does_not_wait_for_what_a_paused_source_holds() {
     let (script, running, seen) = start();
     let pauser = running.pauser();
-    let (paused, flowing) = (SourceId::new("t/0"), SourceId::new("t/1"));
-    assert!(pauser.pause_source(paused.clone()).await);
-    script.control(SourceEvent::Assigned(vec![
-        Assignment::new(paused.clone(), None),
-        Assignment::new(flowing.clone(), None),
-    ]));
+    let (paused, flowing) = paused_before_assigned(&script, &pauser).await;
     send(&script, &paused, "a", 0..3).await;
     send(&script, &flowing, "b", 0..2).await;
     wait_finished(&running, 2).await;
@@ -160,12 +161,7 @@ async fn a_message_limit_reached_elsewhere_does_not_wait_for_a_paused_source() {
     config.max_messages = Some(3);
     let (script, running, seen) = start_with(config);
     let pauser = running.pauser();
-    let (paused, flowing) = (SourceId::new("t/0"), SourceId::new("t/1"));
-    assert!(pauser.pause_source(paused.clone()).await);
-    script.control(SourceEvent::Assigned(vec![
-        Assignment::new(paused.clone(), None),
-        Assignment::new(flowing.clone(), None),
-    ]));
+    let (paused, flowing) = paused_before_assigned(&script, &pauser).await;
     send(&script, &paused, "a", 0..3).await;
     send(&script, &flowing, "b", 0..3).await;
     // Three taken and finished: the engine stops by itself, though a's wait unrouted.

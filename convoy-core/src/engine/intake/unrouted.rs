@@ -31,10 +31,7 @@ impl Intake {
         if self.limit_reached() {
             return;
         }
-        let (count, weight) = (
-            messages.len(),
-            messages.iter().map(Message::weight).sum::<usize>(),
-        );
+        let (count, weight) = size(&messages);
         let Some(state) = self.state(slot) else {
             return;
         };
@@ -60,7 +57,7 @@ impl Intake {
         };
         let source = state.id.clone();
         for batch in std::mem::take(&mut state.unrouted) {
-            let (count, weight) = (batch.len(), batch.iter().map(Message::weight).sum::<usize>());
+            let (count, weight) = size(&batch);
             self.unhold(slot, count, weight);
             self.route(slot, source.clone(), batch);
         }
@@ -76,4 +73,9 @@ impl Intake {
         let weight = unrouted.iter().flatten().map(Message::weight).sum();
         self.unhold(slot, count, weight);
     }
+}
+
+/// A batch's message count and weight, as back-pressure counts them.
+fn size(batch: &[Message]) -> (usize, usize) {
+    (batch.len(), batch.iter().map(Message::weight).sum())
 }
