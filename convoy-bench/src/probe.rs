@@ -263,6 +263,12 @@ impl FaultPlan {
                 "injected terminal failure of seq {seq}"
             )));
         }
+        self.transient_failure(key, seq, attempt)
+    }
+
+    /// The transient failure the plan's rate gives attempt `attempt` of (key, seq), if any: what
+    /// a message spared terminal failures (a replay, once its cause was fixed) still meets.
+    pub fn transient_failure(&self, key: &[u8], seq: u64, attempt: u32) -> Option<HandlerError> {
         (attempt <= self.transient_attempts && self.fails_transiently(key, seq)).then(|| {
             HandlerError::transient(format!(
                 "injected transient failure of seq {seq}, attempt {attempt}"

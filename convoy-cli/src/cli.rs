@@ -360,7 +360,9 @@ pub struct ConsumeArgs {
     /// and sequence number, so a verifier can recompute it.
     #[arg(long, value_name = "FRACTION", default_value_t = 0.0, value_parser = fraction)]
     pub transient_rate: f64,
-    /// This fraction of probe messages fails terminally (dead-lettered), chosen the same way.
+    /// This fraction of probe messages fails terminally (dead-lettered), chosen the same way;
+    /// a replayed one (`convoy dlq replay`) does not, as though its cause had been fixed
+    /// before the replay.
     #[arg(long, value_name = "FRACTION", default_value_t = 0.0, value_parser = fraction)]
     pub terminal_rate: f64,
     /// The seed of --transient-rate's and --terminal-rate's choices.

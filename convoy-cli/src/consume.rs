@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use convoy::{
-    handler_fn, transform_fn, ConnectConfig, Delivery, Drain, Engine, EngineReport, HandlerError,
-    OutgoingMessage, Output, StopSignals, EVENT_ID_HEADER,
+    handler_fn, header_names, transform_fn, ConnectConfig, Delivery, Drain, Engine, EngineReport,
+    HandlerError, OutgoingMessage, Output, StopSignals, EVENT_ID_HEADER,
 };
 
 use crate::cli::{ConsumeArgs, DrainArg, PayloadEncoding};
@@ -89,7 +89,16 @@ impl Handling {
         if let Some(plan) = &self.faults {
             let seq = convoy_bench::probe::decode_seq(d.payload());
             let key = d.message().key.as_deref().unwrap_or_default();
-            if let Some(failure) = seq.and_then(|seq| plan.failure_at_rate(key, seq, d.attempt())) {
+            // A replay comes once the cause is fixed: terminal failures spare it, transient
+            // ones do not.
+            let headers = &d.message().headers;
+            let replayed = headers.get(header_names::REPLAY).is_some()
+                || headers.get(header_names::REPLAYED_FROM).is_some();
+            let failure = seq.and_then(|seq| match replayed {
+                true => plan.transient_failure(key, seq, d.attempt()),
+                false => plan.failure_at_rate(key, seq, d.attempt()),
+            });
+            if let Some(failure) = failure {
                 return Err(failure);
             }
         }

@@ -38,6 +38,14 @@ async fn unpark_passes_over_a_failed_message_and_purge_hides_dead_letters() {
     scenarios::unpark_and_purge(&url, &topic).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_key_holding_thousands_replays_whole() {
+    let Some(bootstrap) = bootstrap() else { return };
+    let topic = unique("park-big");
+    let url = url(&bootstrap, &unique("park-big-group"), &topic);
+    scenarios::a_parked_key_holding_thousands_replays_whole(&url, &topic).await;
+}
+
 #[test]
 fn bench_runs_the_seed_scenario_on_kafka() {
     let Some(bootstrap) = bootstrap() else { return };

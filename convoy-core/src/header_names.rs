@@ -57,6 +57,11 @@ pub const REPLAY: &str = "convoy-replay";
 /// (`source@offset`, comma-separated), in order.
 pub const REPLAY_OF: &str = "convoy-replay-of";
 
+/// Header on a replay marker written in several records (a key with more records than one
+/// header holds): this record's place, `<part>/<parts>` (from 1); the replay starts once its
+/// last part is read, each part naming the next of its records in [`REPLAY_OF`].
+pub const REPLAY_OF_PART: &str = "convoy-replay-of-part";
+
 /// Header on a skip marker (a parked key's failed head passed over by `unpark`) or a purge
 /// marker: where the destination holds the records it concerns (`source@offset`,
 /// comma-separated).

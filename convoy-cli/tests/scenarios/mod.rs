@@ -362,6 +362,49 @@ async fn consume_parking(
     seen
 }
 
+/// A parked key with thousands of messages set aside — more than one header can name — is
+/// replayed whole by `convoy dlq replay --key`: its replay marker is written in parts, every
+/// message handled once, in order, each dead letter listed as replayed once, the key unparked.
+pub async fn a_parked_key_holding_thousands_replays_whole(url: &str, topic: &str) {
+    const ENTRIES: u32 = 3_000;
+    let connection = convoy::connect(url).await.unwrap();
+    connection.create_topics().await.unwrap();
+    let publisher = connection.publisher(topic).unwrap();
+    let entries: Vec<OutgoingMessage> = (1..=ENTRIES)
+        .map(|n| OutgoingMessage::new("acct-big", format!(r#"{{"n":{n}}}"#)))
+        .collect();
+    for batch in entries.chunks(500) {
+        publisher.publish_all(batch.to_vec()).await.unwrap();
+    }
+
+    // Entry 1 fails: everything after it is set aside.
+    let first = consume_parking(&connection, &[("acct-big", 1)], ENTRIES.into()).await;
+    assert_eq!(first, []);
+    let replayed = convoy(&["--url", url, "dlq", "replay", "--key", "acct-big"]);
+    let stderr = String::from_utf8_lossy(&replayed.stderr);
+    assert!(replayed.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "replayed parked key acct-big: {ENTRIES} messages in order"
+        )),
+        "{stderr}"
+    );
+
+    let second = consume_parking(&connection, &[], ENTRIES.into()).await;
+    let expected: Vec<(String, u32)> = (1..=ENTRIES).map(|n| ("acct-big".to_owned(), n)).collect();
+    assert!(
+        second == expected,
+        "not every entry once, in order: {} handled",
+        second.len()
+    );
+    let listed = dead_letters(url);
+    assert_eq!(listed.len(), ENTRIES as usize);
+    assert!(listed.iter().all(|r| r["replays"] == 1), "{:?}", &listed[..3]);
+    let still = convoy(&["--url", url, "dlq", "list"]);
+    let stderr = String::from_utf8_lossy(&still.stderr);
+    assert!(stderr.contains(", 0 keys parked in group"), "{stderr}");
+}
+
 /// `convoy dlq unpark` passes over a parked key's failed message with an audit record and
 /// replays what was set aside behind it, in order; the listing marks the message skipped and
 /// a replay leaves it out. `convoy dlq purge` hides dead letters from listings and replays,

@@ -3,20 +3,27 @@
 //! - **Load**: convoy's publisher sends probe messages over Zipf-skewed keys (s = 1.0, `z-<i>`)
 //!   in stamped batches at a held rate, and a foreign client's rounds (no convoy stamps, keys
 //!   `key-<k>`) add about a tenth more.
-//! - **Members**: four `convoy consume` processes of one group, all appending to one log. Their
-//!   handler fails 1 % of the messages transiently on the first attempt (retried in the lane)
-//!   and 0.01 % terminally (dead-lettered), chosen from the seed, key and sequence number
-//!   (`FaultPlan`), so the verifier knows which.
-//! - **Faults**, from the seed, each once the load has moved on: a member killed with SIGKILL
-//!   and replaced, stopped with SIGTERM and replaced, frozen (SIGSTOP) past its session and
-//!   thawed, and the broker restarted (the test's closure). Each kind happens at least once when
-//!   there are four faults or more. The first member is the *witness*: it is frozen like any
+//! - **Members**: four `convoy consume --park-keys` processes of one group, all appending to one
+//!   log. Their handler fails 1 % of the messages transiently on the first attempt (retried in
+//!   the lane) and 0.01 % terminally, chosen from the seed, key and sequence number
+//!   (`FaultPlan`), so the verifier knows which. A terminal failure parks its key: the message
+//!   is dead-lettered and every later one of the key set aside, until a replay (which the
+//!   handler no longer fails terminally: the cause counts as fixed).
+//! - **Faults**, from the seed, each once the load has moved on (by messages published): a
+//!   member killed with SIGKILL and replaced, stopped with SIGTERM and replaced, frozen
+//!   (SIGSTOP) past its session and thawed, the broker restarted (the test's closure), and
+//!   `convoy dlq replay --key …` of the keys parked then. Each kind happens at least once when
+//!   there are five faults or more. The first member is the *witness*: it is frozen like any
 //!   other but never killed or stopped, so one process lives through the whole load.
-//! - **The verifier** replays the log: every published (key, seq) handled at least once, or
-//!   found in the dead-letter topic — exactly the messages the seed fails there — and no key's
-//!   order violated (a dead letter counts in its place in its key's order). Then a fresh member
-//!   is given one more message on every key and must handle those and nothing else: the
-//!   group's commits had reached the end of every partition.
+//! - **The end**: once the load is published, `convoy dlq replay` of the keys still parked,
+//!   again until every message was handled and no key is parked.
+//! - **The verifier** replays the log: every published (key, seq) handled at least once — the
+//!   seed's failed messages and those set aside behind them through their replays — and no
+//!   key's order violated. The dead-letter topic holds every message the seed fails, failed
+//!   (`terminal`, the handler's error) or set aside behind its parked key (`parked`), nothing
+//!   else but what was set aside behind a parked key, and each of them replayed exactly once.
+//!   Then a fresh member is given one more message on every key and must handle those and
+//!   nothing else: the group's commits had reached the end of every partition.
 //! - **Memory**: every member's RSS is sampled throughout, into a CSV under `CONVOY_SOAK_OUT`
 //!   when it is set, and summarised in the report, with the witness's RSS once a tenth of the
 //!   load was handled beside its RSS at the end (flat: within 10 %).
@@ -26,7 +33,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +59,10 @@ const STALL_LIMIT: Duration = Duration::from_secs(180);
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// The member never killed or stopped (the first started).
 const WITNESS: usize = 0;
+/// Most keys one `convoy dlq replay` names.
+const KEYS_PER_REPLAY: usize = 100;
+/// How often the end of the soak replays the keys still parked.
+const REPLAY_EVERY: Duration = Duration::from_secs(2);
 
 /// The size and seed of a soak.
 #[derive(Clone, Debug)]
@@ -115,6 +126,7 @@ impl SoakPlan {
             TERMINAL_RATE.to_string(),
             "--fault-seed".into(),
             self.seed.to_string(),
+            "--park-keys".into(),
         ]
     }
 }
@@ -138,10 +150,12 @@ pub enum SoakFault {
     Freeze,
     /// The broker (or the cluster's node) restarted.
     BrokerRestart,
+    /// `convoy dlq replay` of the keys parked then (waiting for one if none is).
+    Replay,
 }
 
-/// The seed's schedule: each kind once (in a seeded order) when `n` ≥ 4, then kills most
-/// often, restarts least.
+/// The seed's schedule: each kind once (in a seeded order) when `n` ≥ 5, then kills most
+/// often, restarts and replays least.
 pub fn schedule(seed: u64, n: usize) -> Vec<SoakFault> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut kinds = vec![
@@ -149,14 +163,16 @@ pub fn schedule(seed: u64, n: usize) -> Vec<SoakFault> {
         SoakFault::Terminate,
         SoakFault::Freeze,
         SoakFault::BrokerRestart,
+        SoakFault::Replay,
     ];
     rng.shuffle(&mut kinds);
     while kinds.len() < n {
         kinds.push(match rng.u32(0..20) {
             0..=7 => SoakFault::Kill,
             8..=12 => SoakFault::Terminate,
-            13..=16 => SoakFault::Freeze,
-            _ => SoakFault::BrokerRestart,
+            13..=15 => SoakFault::Freeze,
+            16..=17 => SoakFault::BrokerRestart,
+            _ => SoakFault::Replay,
         });
     }
     kinds.truncate(n);
@@ -172,8 +188,13 @@ pub struct SoakReport {
     pub handled_lines: usize,
     /// Messages handled more than once (re-handled after a fault).
     pub handled_again: usize,
-    /// Dead letters the seed called for, and the distinct ones found in the dead-letter topic.
+    /// Messages the seed fails, and the distinct ones found in the dead-letter topic.
     pub dead_letters: (usize, usize),
+    /// Keys parked (a terminal failure's), and the distinct messages set aside behind them.
+    pub parked: (usize, usize),
+    /// Keys replayed by `convoy dlq replay` during the load and after it (a key replayed twice
+    /// counts twice).
+    pub replayed_keys: (usize, usize),
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, usize>,
     /// Per member started (in start order): RSS in MiB when first and last sampled, and its
@@ -205,6 +226,12 @@ struct Run {
     witness_at_tenth: Mutex<Option<u64>>,
     csv: Mutex<Option<std::fs::File>>,
     began: Instant,
+    /// Messages convoy's publisher has sent (confirmed).
+    sent: Arc<AtomicU64>,
+    /// Keys replayed during the load and after it.
+    replayed: (AtomicUsize, AtomicUsize),
+    /// The test's runtime, for the dead-letter topic's reads from blocking threads.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Run {
@@ -252,12 +279,14 @@ impl Run {
         handled
     }
 
-    /// Blocks until `want` distinct messages were handled, failing after a stall.
-    fn wait_handled(&self, want: usize, what: &str) {
+    /// Blocks until `done` (given the distinct messages handled) holds, sampling, and running
+    /// `meanwhile` every [`REPLAY_EVERY`] if given; fails after a stall of what was handled.
+    fn wait_until(&self, what: &str, done: impl Fn(usize) -> bool, meanwhile: Option<&dyn Fn()>) {
         let (mut last, mut since) = (0, Instant::now());
+        let mut ran = Instant::now();
         loop {
             let handled = self.sample();
-            if handled >= want {
+            if done(handled) {
                 return;
             }
             if handled > last {
@@ -265,11 +294,64 @@ impl Run {
             }
             assert!(
                 since.elapsed() < STALL_LIMIT,
-                "the soak stalled at {handled} of {want} handled ({what}); members' stderr:\n{}",
+                "the soak stalled at {handled} handled ({what}); members' stderr:\n{}",
                 self.stderr()
             );
+            if let Some(meanwhile) = meanwhile.filter(|_| ran.elapsed() >= REPLAY_EVERY) {
+                meanwhile();
+                ran = Instant::now();
+            }
             std::thread::sleep(SAMPLE_EVERY);
         }
+    }
+
+    /// The keys parked now with no replay under way, as the dead-letter topic records them
+    /// (read again through a broker's restart).
+    fn parked_keys(&self) -> Vec<String> {
+        self.parked(|parking| parking.replaying().is_none())
+    }
+
+    /// The keys parked now that `pick` picks.
+    fn parked(&self, pick: impl Fn(&convoy::parking::KeyParking) -> bool) -> Vec<String> {
+        let read = || async {
+            let connection = convoy::connect(&self.url).await?;
+            convoy::dlq::parked(&connection).await
+        };
+        let mut attempts = 0;
+        let keys = loop {
+            match self.runtime.block_on(read()) {
+                Ok(keys) => break keys,
+                Err(e) if attempts < 30 => {
+                    attempts += 1;
+                    eprintln!("soak: the parked keys not read ({e}); reading again");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(e) => panic!("the parked keys could not be read: {e}"),
+            }
+        };
+        keys.iter()
+            .filter(|(_, parking)| parking.is_parked() && pick(parking))
+            .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+            .collect()
+    }
+
+    /// `convoy dlq replay --key …` of `keys` (each parked, no replay under way); returns how
+    /// many it replayed.
+    fn replay(&self, keys: &[String]) -> usize {
+        for chunk in keys.chunks(KEYS_PER_REPLAY) {
+            let mut args = vec!["--url", self.url.as_str(), "dlq", "replay"];
+            for key in chunk {
+                args.extend(["--key", key.as_str()]);
+            }
+            let out = super::convoy(&args);
+            assert!(
+                out.status.success(),
+                "`convoy dlq replay` of {} keys failed: {}",
+                chunk.len(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        keys.len()
     }
 
     fn stderr(&self) -> String {
@@ -316,6 +398,23 @@ impl Run {
                 frozen.signal("CONT");
             }
             SoakFault::BrokerRestart => broker(),
+            SoakFault::Replay => {
+                // None parked yet (or each under a replay): the load parks more.
+                let began = Instant::now();
+                let mut keys = self.parked_keys();
+                while keys.is_empty() {
+                    assert!(
+                        began.elapsed() < STALL_LIMIT,
+                        "no key was parked to replay in {STALL_LIMIT:?}"
+                    );
+                    self.sample();
+                    std::thread::sleep(REPLAY_EVERY);
+                    keys = self.parked_keys();
+                }
+                let n = self.replay(&keys);
+                self.replayed.0.fetch_add(n, SeqCst);
+                eprintln!("soak: replayed {n} parked keys during the load");
+            }
         }
     }
 }
@@ -349,6 +448,9 @@ pub async fn soak(
         witness_at_tenth: Mutex::default(),
         csv: Mutex::new(csv),
         began: Instant::now(),
+        sent: Arc::default(),
+        replayed: Default::default(),
+        runtime: tokio::runtime::Handle::current(),
     });
     for _ in 0..plan.members {
         let member = run.start_member();
@@ -370,6 +472,7 @@ pub async fn soak(
         checker.clone(),
         spread.clone(),
         plan.clone(),
+        run.sent.clone(),
     ));
 
     let faults = {
@@ -377,9 +480,11 @@ pub async fn soak(
         tokio::task::spawn_blocking(move || {
             let mut rng = fastrand::Rng::with_seed(run.plan.seed);
             let kinds = schedule(run.plan.seed, run.plan.faults);
-            let step = run.plan.messages as usize / (kinds.len() + 1);
+            // By messages published, not handled: a parked key's wait for its replay.
+            let step = run.plan.messages / (kinds.len() as u64 + 1);
             for (i, fault) in kinds.iter().enumerate() {
-                run.wait_handled(step * (i + 1), "before a fault");
+                let due = step * (i as u64 + 1);
+                run.wait_until("before a fault", |_| run.sent.load(SeqCst) >= due, None);
                 run.inject(*fault, &mut rng, &mut broker);
             }
             kinds
@@ -413,66 +518,90 @@ pub async fn soak(
         .filter(|(key, seq)| handler_faults.fails_terminally(key.as_bytes(), *seq))
         .collect();
     let total: u64 = published.values().sum();
-    let due = total as usize - fated.len();
-    tokio::task::block_in_place(|| run.wait_handled(due, "the end of the load"));
+    // The keys still parked are replayed until every message was handled and none is parked.
+    let end = {
+        let run = run.clone();
+        tokio::task::spawn_blocking(move || {
+            let replay = || {
+                let n = run.replay(&run.parked_keys());
+                run.replayed.1.fetch_add(n, SeqCst);
+            };
+            let all = |handled| handled as u64 >= total;
+            run.wait_until("the end of the load and its replays", all, Some(&replay));
+            let began = Instant::now();
+            loop {
+                let parked = run.parked(|_| true);
+                if parked.is_empty() {
+                    break;
+                }
+                assert!(
+                    began.elapsed() < STALL_LIMIT,
+                    "every message was handled but keys stay parked: {parked:?}"
+                );
+                std::thread::sleep(REPLAY_EVERY);
+                replay();
+            }
+        })
+    };
+    if let Err(e) = end.await {
+        std::panic::resume_unwind(e.into_panic());
+    }
     let members = std::mem::take(&mut *run.members.lock().unwrap());
     for tracked in members {
         assert!(tracked.member.leave(), "a member did not leave cleanly");
     }
 
-    // The log, with each fated message dead-lettered in its place in its key's order.
+    // The log: every message handled (the seed's failed ones and those set aside behind them
+    // through their keys' replays), in its key's order.
     let handled = std::mem::replace(&mut *run.handled.lock().unwrap(), Handled::new(PathBuf::new()));
-    let mut next: HashMap<&str, u64> = HashMap::new();
-    let dead_lettered_in_place = |key: &str, from: u64, to: u64| {
-        for seq in from..to {
-            if fated.contains(&(key.to_owned(), seq)) {
-                checker.dead_lettered(key.as_bytes(), seq);
-            }
-        }
-    };
     for (key, seq) in &handled.lines {
-        let from = next.get(key.as_str()).copied().unwrap_or(0);
-        if *seq >= from {
-            dead_lettered_in_place(key, from, *seq);
-            next.insert(key, seq + 1);
-        }
         checker.handled(key.as_bytes(), *seq, None);
-    }
-    for (key, n) in &published {
-        let from = next.get(key.as_str()).copied().unwrap_or(0);
-        dead_lettered_in_place(key, from, *n);
     }
     let report = checker.report();
     assert_eq!(report.lost, 0, "{report:#?}");
     assert_eq!(report.order_violations, 0, "{report:#?}");
     assert_eq!(report.finished, total, "{report:#?}");
-    let handled_fated: Vec<_> = fated.iter().filter(|m| handled.distinct.contains(m)).collect();
-    assert!(
-        handled_fated.is_empty(),
-        "messages the handler always fails terminally were printed as handled: {handled_fated:?}"
-    );
 
-    // The dead-letter topic holds exactly the fated messages, each with its reason.
-    let dlq = connection.dlq_topic().unwrap();
-    let mut found = HashSet::new();
-    for m in connection.read_topic(&dlq).await.unwrap() {
-        let key = String::from_utf8_lossy(m.key.as_deref().unwrap_or_default()).into_owned();
-        let seq = decode_seq(&m.payload).expect("a dead letter's payload is its probe's");
-        let header = |name: &str| m.headers.get_str(name).unwrap_or_default().to_owned();
-        let (cause, error) = (
-            header(convoy::dead_letter::DL_CAUSE),
-            header(convoy::dead_letter::DL_ERROR),
-        );
-        assert!(
-            cause == "terminal" && error.contains("injected terminal failure"),
-            "dead letter {key}/{seq} has the cause {cause:?} and the error {error:?}"
-        );
-        found.insert((key, seq));
+    // The dead-letter topic: every message the seed fails, failed with the handler's error or
+    // set aside behind its parked key; nothing else but what was set aside behind a parked
+    // key; each replayed exactly once.
+    let records = convoy::dlq::all(&connection).await.unwrap();
+    let mut failed = HashSet::new();
+    let mut set_aside = HashSet::new();
+    for r in &records {
+        let key = String::from_utf8_lossy(r.message.key.as_deref().unwrap_or_default()).into_owned();
+        let seq = decode_seq(&r.message.payload).expect("a dead letter's payload is its probe's");
+        let at = format!("dead letter {key}/{seq} ({} {:?})", r.cause, r.error);
+        match r.cause.as_str() {
+            "terminal" => {
+                assert!(
+                    r.error.contains("injected terminal failure") && fated.contains(&(key.clone(), seq)),
+                    "{at}: the seed does not fail it"
+                );
+                failed.insert((key, seq));
+            }
+            "parked" => {
+                set_aside.insert((key, seq));
+            }
+            _ => panic!("{at}: not a failure the seed injects, nor set aside behind a parked key"),
+        }
+        assert_eq!(r.replays, 1, "{at} was replayed {} times, not once", r.replays);
     }
-    assert_eq!(
-        found, fated,
-        "the dead-letter topic does not hold exactly the messages the seed fails"
+    let parked_keys: HashSet<&str> = failed.iter().map(|(key, _)| key.as_str()).collect();
+    let stray: Vec<_> = set_aside
+        .iter()
+        .filter(|(key, _)| !parked_keys.contains(key.as_str()))
+        .collect();
+    assert!(stray.is_empty(), "set aside behind no parked key: {stray:?}");
+    let missing: Vec<_> = fated
+        .iter()
+        .filter(|m| !failed.contains(*m) && !set_aside.contains(*m))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "messages the seed fails are not in the dead-letter topic: {missing:?}"
     );
+    let found = fated.len() - missing.len();
 
     let unhandled_after_end = commits_reached_the_end(url, topic, &published).await;
     assert!(
@@ -495,7 +624,9 @@ pub async fn soak(
         published: (plan.messages, rounds_confirmed * FOREIGN_KEYS as u64),
         handled_lines: handled.lines.len(),
         handled_again: handled.lines.len() - handled.distinct.len(),
-        dead_letters: (fated.len(), found.len()),
+        dead_letters: (fated.len(), found),
+        parked: (parked_keys.len(), set_aside.len()),
+        replayed_keys: (run.replayed.0.load(SeqCst), run.replayed.1.load(SeqCst)),
         faults,
         rss_mib: run
             .rss
@@ -517,12 +648,20 @@ impl std::fmt::Display for SoakReport {
         let (convoy, foreign) = self.published;
         writeln!(
             f,
-            "soak: published {} ({convoy} by convoy, {foreign} by the foreign producer); handled lines {}, handled again {}; dead letters {} found of {} the seed fails; lost 0, order violations 0",
+            "soak: published {} ({convoy} by convoy, {foreign} by the foreign producer); handled lines {}, handled again {}; lost 0, order violations 0",
             convoy + foreign,
             self.handled_lines,
             self.handled_again,
+        )?;
+        writeln!(
+            f,
+            "soak: dead letters {} found of {} the seed fails; {} keys parked, {} messages set aside behind them; keys replayed {} during the load, {} after it; every dead letter replayed once and handled",
             self.dead_letters.1,
-            self.dead_letters.0
+            self.dead_letters.0,
+            self.parked.0,
+            self.parked.1,
+            self.replayed_keys.0,
+            self.replayed_keys.1
         )?;
         writeln!(f, "soak: faults {:?}; wall {:.1?}", self.faults, self.wall)?;
         let members: Vec<String> = self
@@ -546,12 +685,14 @@ impl std::fmt::Display for SoakReport {
 }
 
 /// convoy's publisher: `plan.messages` probe messages over `spread`'s keys (`z-<i>`), in
-/// stamped batches (a batch sent again carries the same event ids) held to `plan.rate`.
+/// stamped batches (a batch sent again carries the same event ids) held to `plan.rate`,
+/// counting in `confirmed` what was confirmed.
 async fn produce(
     publisher: Arc<dyn convoy::Publisher>,
     checker: Arc<OrderChecker>,
     spread: KeySpread,
     plan: SoakPlan,
+    confirmed: Arc<AtomicU64>,
 ) {
     let began = tokio::time::Instant::now();
     let mut sent = 0;
@@ -568,6 +709,7 @@ async fn produce(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         sent += count as u64;
+        confirmed.store(sent, SeqCst);
         tokio::time::sleep_until(began + Duration::from_secs_f64(sent as f64 / plan.rate as f64)).await;
     }
 }

@@ -13,7 +13,10 @@
 //! - a record of cause `parked` is a message set aside behind it;
 //! - a *replay marker* (cause `replay`, written by [`replay_key`] before it publishes)
 //!   names the pending records it re-publishes ([`REPLAY_OF`]) and the replay's id and size
-//!   ([`REPLAY`]): those records are no longer pending, and the key is *replaying*;
+//!   ([`REPLAY`]): those records are no longer pending, and the key is *replaying*. A key
+//!   with more records than one header holds ([`MARKER_POSITIONS_BYTES`]) gets a marker in
+//!   parts ([`REPLAY_OF_PART`]), and its replay starts once the last part is read: a tool that
+//!   died between them started nothing (it publishes after the last);
 //! - a *skip marker* (cause `skipped`, written by [`unpark_key`]) names failed records
 //!   ([`DL_OF`]) the operator passed over: they are no longer pending, never replayed, and a
 //!   copy of one delivered again is a duplicate;
@@ -39,7 +42,7 @@
 //! [`EngineConfig::park_keys`]: crate::EngineConfig::park_keys
 //! [`DeadLetterSink::read_back`]: crate::DeadLetterSink::read_back
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -55,7 +58,11 @@ use crate::transport::{Publisher, Receipt, TransportError};
 
 mod unpark;
 
-pub use crate::header_names::{DL_OF, DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_PART};
+pub use crate::header_names::{DL_OF, DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_OF_PART, REPLAY_PART};
+
+/// Most bytes of positions one marker's header lists: well within every broker's bound on a
+/// record's headers (NATS: 64 KiB for all of them; RabbitMQ: one frame, 128 KiB by default).
+pub const MARKER_POSITIONS_BYTES: usize = 16 * 1024;
 pub use unpark::{unpark_key, Unparked};
 
 /// The cause of an end marker: a record that only says how far a read-back must read, for a
@@ -92,6 +99,34 @@ fn positions(list: Option<&str>) -> Vec<Position> {
         .split(',')
         .filter_map(parse_position)
         .collect()
+}
+
+/// `positions` as comma-separated lists of at most [`MARKER_POSITIONS_BYTES`] each (a longer
+/// position alone), in order: one marker's header each; one empty list for none.
+pub fn position_lists(positions: &[String]) -> Vec<String> {
+    let mut lists = vec![String::new()];
+    for position in positions {
+        let list = lists.last_mut().expect("never empty");
+        if !list.is_empty() && list.len() + 1 + position.len() > MARKER_POSITIONS_BYTES {
+            lists.push(position.clone());
+        } else {
+            if !list.is_empty() {
+                list.push(',');
+            }
+            list.push_str(position);
+        }
+    }
+    lists
+}
+
+/// A replay marker's place among its parts, `(part, parts)` from 1: `(1, 1)` for a marker in
+/// one record (every marker of an older version).
+pub fn marker_part(record: &Message) -> (u32, u32) {
+    let part = record.headers.get_str(REPLAY_OF_PART).and_then(|v| {
+        let (part, parts) = v.split_once('/')?;
+        Some((part.parse().ok()?, parts.parse().ok()?))
+    });
+    part.unwrap_or((1, 1))
 }
 
 /// The records a marker says were re-published (a parked key's replay marker, or the audit
@@ -241,6 +276,9 @@ pub struct KeyParking {
     /// Replays of the key that ended since it was parked: a message of one coming later is a
     /// duplicate (a resumed replay's copy of what ran already).
     ended: HashSet<String>,
+    /// A replay marker in parts being read: its id, the parts read and the records they name.
+    #[serde(default)]
+    marker_parts: Option<(String, u32, Vec<Position>)>,
 }
 
 impl KeyParking {
@@ -328,13 +366,41 @@ impl KeyParking {
         }
     }
 
+    /// Part `part` of `parts` of a replay marker: the replay starts with the last part, read
+    /// after all the others in order. A part read again (a publish retried) changes nothing; a
+    /// part missing (the tool died) leaves the replay unstarted, its records pending.
+    fn replay_marker(&mut self, tag: &ReplayTag, stored: Vec<Position>, (part, parts): (u32, u32)) {
+        if parts <= 1 {
+            self.marker_parts = None;
+            return self.replay_started(tag, &stored);
+        }
+        let mut read = match self.marker_parts.take() {
+            Some(read) if read.0 == tag.id => read,
+            _ => (tag.id.clone(), 0, Vec::new()),
+        };
+        if part <= read.1 {
+            self.marker_parts = Some(read);
+            return;
+        }
+        if part != read.1 + 1 {
+            return;
+        }
+        read.1 = part;
+        read.2.extend(stored);
+        match part == parts {
+            true => self.replay_started(tag, &read.2),
+            false => self.marker_parts = Some(read),
+        }
+    }
+
     fn replay_started(&mut self, tag: &ReplayTag, stored: &[Position]) {
+        let place: HashMap<&Position, usize> = stored.iter().enumerate().map(|(i, p)| (p, i)).collect();
         let (taken, pending) = std::mem::take(&mut self.pending)
             .into_iter()
-            .partition(|r| r.stored.as_ref().is_some_and(|p| stored.contains(p)));
+            .partition(|r| r.stored.as_ref().is_some_and(|p| place.contains_key(p)));
         self.pending = pending;
         let mut taken: Vec<ParkedRecord> = taken;
-        taken.sort_by_key(|r| r.stored.as_ref().and_then(|p| stored.iter().position(|s| s == p)));
+        taken.sort_by_key(|r| r.stored.as_ref().and_then(|p| place.get(p).copied()));
         self.replayed.extend(taken.iter().filter_map(|r| r.id.clone()));
         let topics: Option<Vec<String>> = taken.iter().map(|r| r.topic.clone()).collect();
         let topics = topics
@@ -375,9 +441,9 @@ impl KeyParking {
 pub enum ParkingChange {
     /// A message of the key failed (parking it) or was set aside.
     SetAside(Box<ParkedRecord>),
-    /// A replay of the key started, re-publishing the records the destination holds at these
-    /// positions.
-    ReplayStarted(ReplayTag, Vec<Position>),
+    /// A replay marker (or part `.0` of `.1` of one) of the key: its replay re-publishes the
+    /// records the destination holds at these positions.
+    ReplayStarted(ReplayTag, Vec<Position>, (u32, u32)),
     /// The part of the replay with this id of one topic (`None`: all of it) ended.
     ReplayDone(String, Option<String>),
     /// An operator passed over the records the destination holds at these positions
@@ -473,7 +539,7 @@ impl ParkedKeys {
         });
         match change {
             ParkingChange::SetAside(record) => entry.set_aside(*record),
-            ParkingChange::ReplayStarted(tag, positions) => entry.replay_started(&tag, &positions),
+            ParkingChange::ReplayStarted(tag, positions, part) => entry.replay_marker(&tag, positions, part),
             ParkingChange::ReplayDone(id, part) => entry.replay_done(&id, part),
             ParkingChange::Skipped(positions) => entry.skip(&positions),
         }
@@ -690,30 +756,36 @@ pub async fn replay_key(
     let records: Vec<Message> = in_order.iter().filter_map(|r| r.record.clone()).collect();
     let messages = replay_messages(&id, &records, &shown)?;
     let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
-    let mut headers = Headers::new();
-    headers.insert(
-        REPLAY,
-        ReplayTag {
-            id: id.clone(),
-            index: 0,
-            count,
-        }
-        .header_value(),
-    );
+    let tag = ReplayTag {
+        id: id.clone(),
+        index: 0,
+        count,
+    };
     let positions: Vec<String> = in_order
         .iter()
         .filter_map(|r| r.stored.as_ref().map(format_position))
         .collect();
-    headers.insert(REPLAY_OF, positions.join(","));
-    let marker = marker(
-        group,
-        Some(Bytes::copy_from_slice(key)),
-        records.first().map(|r| r.source.clone()),
-        DeadLetterCause::Replay,
-        format!("replays {count} messages of the key"),
-        headers,
-    );
-    sink.publish(&marker).await?;
+    // All of the marker is written before anything is published: a replay whose marker is
+    // not whole never started.
+    let lists = position_lists(&positions);
+    let parts = lists.len();
+    for (i, list) in lists.into_iter().enumerate() {
+        let mut headers = Headers::new();
+        headers.insert(REPLAY, tag.header_value());
+        headers.insert(REPLAY_OF, list);
+        if parts > 1 {
+            headers.insert(REPLAY_OF_PART, format!("{}/{parts}", i + 1));
+        }
+        let marker = marker(
+            group,
+            Some(Bytes::copy_from_slice(key)),
+            records.first().map(|r| r.source.clone()),
+            DeadLetterCause::Replay,
+            format!("replays {count} messages of the key"),
+            headers,
+        );
+        sink.publish(&marker).await?;
+    }
     let receipts = publish(&messages, publisher).await?;
     Ok(KeyReplay {
         id,
@@ -844,7 +916,7 @@ fn change_of(group: &str, record: &Message, payloads: Payloads) -> Option<(Bytes
     let key = record.key.clone().filter(|k| !k.is_empty())?;
     let cause = headers.get_str(DL_CAUSE)?;
     let change = if cause == DeadLetterCause::Replay.as_str() {
-        ParkingChange::ReplayStarted(ReplayTag::of(headers)?, replayed_by(record))
+        ParkingChange::ReplayStarted(ReplayTag::of(headers)?, replayed_by(record), marker_part(record))
     } else if cause == DeadLetterCause::ReplayDone.as_str() {
         ParkingChange::ReplayDone(
             ReplayTag::of(headers)?.id,
@@ -929,6 +1001,21 @@ mod tests {
             self.push(
                 key,
                 &[(DL_CAUSE, "replay"), (REPLAY, tag), (REPLAY_OF, &of.join(","))],
+            )
+        }
+
+        /// Part `part` of `parts` of a replay marker, covering the records at these offsets.
+        fn replay_part(&mut self, key: &str, tag: &str, covers: &[u64], part: u32, parts: u32) -> &mut Self {
+            let of: Vec<String> = covers.iter().map(|o| format!("t.dlq/0@{o}")).collect();
+            let place = format!("{part}/{parts}");
+            self.push(
+                key,
+                &[
+                    (DL_CAUSE, "replay"),
+                    (REPLAY, tag),
+                    (REPLAY_OF, &of.join(",")),
+                    (REPLAY_OF_PART, &place),
+                ],
             )
         }
 
@@ -1250,6 +1337,64 @@ mod tests {
             "a checkpoint of ten keys: {} bytes",
             checkpoint.len()
         );
+    }
+
+    #[test]
+    fn a_replay_marker_in_parts_starts_its_replay_at_its_last_part() {
+        let mut d = Destination::default();
+        d.failed("a", 3, None).parked("a", 4, None).parked("a", 5, None);
+        d.replay_part("a", "r1 0/3", &[0, 1], 1, 2);
+        let keys = d.keys();
+        assert!(
+            keys.get(b"a").unwrap().replaying().is_none(),
+            "not before its last part"
+        );
+        assert_eq!(replay_order(&keys, b"a"), ["t/1@3", "t/1@4", "t/1@5"]);
+        d.replay_part("a", "r1 0/3", &[0, 1], 1, 2); // a part published again
+        d.parked("a", 6, None); // set aside while the tool wrote
+        d.replay_part("a", "r1 0/3", &[2], 2, 2);
+        let keys = d.keys();
+        let a = keys.get(b"a").unwrap();
+        assert_eq!(a.replaying().map(|r| r.count), Some(3));
+        let taken: Vec<_> = a.replaying_records.iter().filter_map(|r| r.id.clone()).collect();
+        assert_eq!(
+            taken,
+            ["t/1@3", "t/1@4", "t/1@5"],
+            "every part's records, in order"
+        );
+        assert_eq!(replay_order(&keys, b"a"), ["t/1@6"]);
+    }
+
+    #[test]
+    fn a_replay_marker_missing_a_part_starts_nothing() {
+        let mut d = Destination::default();
+        d.failed("a", 3, None).parked("a", 4, None).parked("a", 5, None);
+        // The tool died after part 1 of r1; r2 (whole) replays everything.
+        d.replay_part("a", "r1 0/3", &[0], 1, 3);
+        d.replay_part("a", "r1 0/3", &[2], 3, 3);
+        let keys = d.keys();
+        assert!(keys.get(b"a").unwrap().replaying().is_none());
+        assert_eq!(replay_order(&keys, b"a"), ["t/1@3", "t/1@4", "t/1@5"]);
+        d.replay_part("a", "r2 0/3", &[0, 1], 1, 2)
+            .replay_part("a", "r2 0/3", &[2], 2, 2);
+        d.done("a", "r2 3/3");
+        assert!(d.keys().is_empty(), "replayed whole: unparked");
+        assert_eq!(
+            crate::parking::marker_part(&d.0[3]),
+            (1, 3),
+            "a part's place reads back"
+        );
+    }
+
+    #[test]
+    fn position_lists_fit_a_header_and_keep_the_order() {
+        let positions: Vec<String> = (0..5_000).map(|n| format!("orders.dlq/7@{n}")).collect();
+        let lists = position_lists(&positions);
+        assert!(lists.len() > 1);
+        assert!(lists.iter().all(|l| l.len() <= MARKER_POSITIONS_BYTES));
+        let joined: Vec<&str> = lists.iter().flat_map(|l| l.split(',')).collect();
+        assert_eq!(joined, positions);
+        assert_eq!(position_lists(&[]), [""], "one empty list for none");
     }
 
     #[test]

@@ -24,7 +24,7 @@
 
 mod operator;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,7 +33,7 @@ use convoy_core::dead_letter::{
     replay_message, DL_ATTEMPTS, DL_CAUSE, DL_ERROR, DL_ERROR_CLASS, DL_FIRST_FAILURE_MS, DL_GROUP,
     DL_LAST_FAILURE_MS, DL_OFFSET, DL_SOURCE,
 };
-use convoy_core::parking::{self, KeyReplay, ParkedKeys, Position, REPLAY_OF};
+use convoy_core::parking::{self, KeyReplay, ParkedKeys, Position, ReplayTag, REPLAY_OF};
 use convoy_core::{
     ConfigError, DeadLetterCause, Headers, Message, OutgoingMessage, Publisher, Receipt, TransportError,
 };
@@ -271,7 +271,11 @@ pub async fn list(
     // Passed over by an unpark, and purged: when.
     let mut skipped: HashMap<Position, Option<SystemTime>> = HashMap::new();
     let mut purged: HashMap<Position, Option<SystemTime>> = HashMap::new();
+    let unfinished = unfinished_markers(&records);
     for marker in records.iter().filter(|m| parking::is_marker(m)) {
+        if ReplayTag::of(&marker.headers).is_some_and(|tag| unfinished.contains(&tag.id)) {
+            continue;
+        }
         let at = time_of(&marker.headers, DL_LAST_FAILURE_MS);
         for position in parking::replayed_by(marker) {
             let seen = replays.entry(position).or_default();
@@ -311,6 +315,24 @@ pub async fn list(
         }
     }
     Ok(listed)
+}
+
+/// The ids of replays whose marker in parts misses some (the tool died while writing it): they
+/// replayed nothing.
+fn unfinished_markers(records: &[Message]) -> HashSet<String> {
+    let mut parts: HashMap<String, (BTreeSet<u32>, u32)> = HashMap::new();
+    for record in records.iter().filter(|m| parking::is_marker(m)) {
+        let (part, of) = parking::marker_part(record);
+        if let Some(tag) = ReplayTag::of(&record.headers).filter(|_| of > 1) {
+            let read = parts.entry(tag.id).or_insert_with(|| (BTreeSet::new(), of));
+            read.0.insert(part);
+        }
+    }
+    parts
+        .into_iter()
+        .filter(|(_, (read, of))| read.len() < *of as usize)
+        .map(|(id, _)| id)
+        .collect()
 }
 
 /// What a dead letter's message is known by: its parked record's id, or its event id.
@@ -395,10 +417,6 @@ fn target_topic(record: &DeadLetterRecord, to: Option<&str>) -> Result<String, C
     }
 }
 
-/// Most dead letters one audit record names (a header's size stays well within every broker's
-/// limits).
-const RECORDED_PER_MARKER: usize = 500;
-
 /// Publishes `records` again, in the order given, each to `to` or else the topic it came from,
 /// then records in the dead-letter topic that they were replayed (see the [module](self)
 /// documentation) — those replayed to the topic they came from. Pick them with [`Selection::not_replayed`] unless they are meant to run again.
@@ -434,7 +452,7 @@ pub async fn replay(
         TransportError::broker(
             format!(
                 "the {} dead letters were replayed, but recording so in the dead-letter topic failed \
-                 (for all of them, or for those after the first {RECORDED_PER_MARKER}): `dlq list` \
+                 (for all of them, or for some of the last): `dlq list` \
                  does not mark those, and a later replay would replay them again",
                 records.len()
             ),
@@ -453,7 +471,8 @@ async fn record_replay(connection: &Connection, records: &[DeadLetterRecord]) ->
 }
 
 /// Writes audit records of `cause` naming where the dead-letter topic holds `records` (in
-/// header `header`, [`RECORDED_PER_MARKER`] per record), each saying `text` of its count.
+/// header `header`, as many per record as one header holds: [`parking::position_lists`]),
+/// each saying `text` of its count.
 pub(crate) async fn record_marks(
     connection: &Connection,
     records: &[DeadLetterRecord],
@@ -463,22 +482,26 @@ pub(crate) async fn record_marks(
 ) -> Result<(), ConnectError> {
     let sink = connection.dead_letter_sink()?;
     let group = connection.endpoint().group.clone();
-    for chunk in records.chunks(RECORDED_PER_MARKER) {
-        let positions: Vec<String> = chunk
-            .iter()
-            .map(|r| parking::format_position(&(r.message.source.to_string(), r.message.offset)))
-            .collect();
+    let positions: Vec<String> = records
+        .iter()
+        .map(|r| parking::format_position(&(r.message.source.to_string(), r.message.offset)))
+        .collect();
+    // Each audit record names as many as one header holds, the first of them beside it.
+    let mut first = 0;
+    for list in parking::position_lists(&positions) {
+        let named = list.split(',').filter(|p| !p.is_empty()).count();
         let mut headers = Headers::new();
-        headers.insert(header, positions.join(","));
+        headers.insert(header, list);
         let marker = parking::marker(
             &group,
             None,
-            chunk.first().map(|r| r.message.source.clone()),
+            records.get(first).map(|r| r.message.source.clone()),
             cause,
-            text(chunk.len()),
+            text(named),
             headers,
         );
         sink.publish(&marker).await?;
+        first += named;
     }
     Ok(())
 }
