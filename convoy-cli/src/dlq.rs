@@ -185,10 +185,12 @@ pub async fn run(config: &ConnectConfig, command: DlqCommand) -> crate::outcome:
                 );
                 return Ok(ExitCode::SUCCESS);
             }
-            for key in &whole {
-                let replay = dlq::replay_parked(&connection, key.as_bytes())
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let named: Vec<&[u8]> = whole.iter().map(|k| k.as_bytes()).collect();
+            let outcomes = dlq::replay_parked_keys(&connection, &named)
+                .await
+                .map_err(|e| e.to_string())?;
+            for (key, outcome) in whole.iter().zip(outcomes) {
+                let replay = outcome.map_err(|e| e.to_string())?;
                 print_all_replayed(replay.records.iter(), &replay.receipts);
                 eprintln!(
                     "replayed parked key {key}: {} messages in order (replay {}); it is unparked once they are handled",

@@ -736,8 +736,43 @@ pub async fn replay_key(
     sink: &dyn DeadLetterSink,
     publisher: &PublisherFor<'_>,
 ) -> Result<KeyReplay, ReplayError> {
-    let shown = String::from_utf8_lossy(key).into_owned();
     let keys = ParkedKeys::read_back(group, sink).await?;
+    replay_read(group, key, &keys, sink, publisher).await
+}
+
+/// Replays each of `keys` as [`replay_key`] does, in the order given, reading the dead-letter
+/// destination back once for all of them (one key's replay changes no other's parking): an
+/// operator replaying a hundred keys waits for one read of the destination, not a hundred. The
+/// outcome per key; the first that could not be replayed is the last (nothing after it was
+/// tried).
+pub async fn replay_keys(
+    group: &str,
+    keys: &[&[u8]],
+    sink: &dyn DeadLetterSink,
+    publisher: &PublisherFor<'_>,
+) -> Result<Vec<Result<KeyReplay, ReplayError>>, ReplayError> {
+    let parked = ParkedKeys::read_back(group, sink).await?;
+    let mut outcomes = Vec::with_capacity(keys.len());
+    for key in keys {
+        let outcome = replay_read(group, key, &parked, sink, publisher).await;
+        let failed = outcome.is_err();
+        outcomes.push(outcome);
+        if failed {
+            break;
+        }
+    }
+    Ok(outcomes)
+}
+
+/// Replays `key` as `keys`, read back from the destination, hold it.
+async fn replay_read(
+    group: &str,
+    key: &[u8],
+    keys: &ParkedKeys,
+    sink: &dyn DeadLetterSink,
+    publisher: &PublisherFor<'_>,
+) -> Result<KeyReplay, ReplayError> {
+    let shown = String::from_utf8_lossy(key).into_owned();
     let Some(parking) = keys.get(key) else {
         return Err(ReplayError::NotParked {
             key: shown,

@@ -264,8 +264,7 @@ pub async fn list(
     connection: &Connection,
     selection: &Selection,
 ) -> Result<Vec<DeadLetterRecord>, ConnectError> {
-    let topic = connection.dlq_topic()?;
-    let records = connection.read_topic(&topic).await?;
+    let records = read_dead_letters(connection).await?;
     // Every replay recorded, by the dead letters it re-published.
     let mut replays: HashMap<Position, (u32, Option<SystemTime>)> = HashMap::new();
     // Passed over by an unpark, and purged: when.
@@ -335,6 +334,13 @@ fn unfinished_markers(records: &[Message]) -> HashSet<String> {
         .collect()
 }
 
+/// The dead-letter topic's records up to now, read as an engine reads it back: to an end fixed
+/// first (a RabbitMQ stream to an end marker written then, not until it goes quiet — dead
+/// letters that keep coming, a hot parked key's, would keep such a read going forever).
+async fn read_dead_letters(connection: &Connection) -> Result<Vec<Message>, ConnectError> {
+    Ok(connection.dead_letter_sink()?.read_back().await?)
+}
+
 /// What a dead letter's message is known by: its parked record's id, or its event id.
 fn identity(record: &Message) -> Option<&str> {
     record
@@ -345,7 +351,7 @@ fn identity(record: &Message) -> Option<&str> {
 
 /// The keys parked in `connection`'s consumer group, as its dead-letter topic records them.
 pub async fn parked(connection: &Connection) -> Result<ParkedKeys, ConnectError> {
-    let records = connection.read_topic(&connection.dlq_topic()?).await?;
+    let records = read_dead_letters(connection).await?;
     Ok(ParkedKeys::read(&connection.endpoint().group, &records))
 }
 
@@ -353,7 +359,7 @@ pub async fn parked(connection: &Connection) -> Result<ParkedKeys, ConnectError>
 /// topic's groups share it), by group: what tells an operator that names no group, or another,
 /// where a key is parked.
 pub async fn parked_by_group(connection: &Connection) -> Result<BTreeMap<String, ParkedKeys>, ConnectError> {
-    let records = connection.read_topic(&connection.dlq_topic()?).await?;
+    let records = read_dead_letters(connection).await?;
     let groups: BTreeSet<&str> = records
         .iter()
         .filter_map(|r| r.headers.get_str(DL_GROUP))
@@ -370,6 +376,23 @@ pub async fn parked_by_group(connection: &Connection) -> Result<BTreeMap<String,
 /// unparks the key once the last one is handled.
 pub async fn replay_parked(connection: &Connection, key: &[u8]) -> Result<KeyReplay, ConnectError> {
     replay_or_resume(connection, key, false).await
+}
+
+/// Replays parked keys `keys` of `connection`'s group as [`replay_parked`] does, in the order
+/// given, reading the dead-letter topic back once for all ([`parking::replay_keys`]). The
+/// outcome per key; the first that could not be replayed is the last.
+pub async fn replay_parked_keys(
+    connection: &Connection,
+    keys: &[&[u8]],
+) -> Result<Vec<Result<KeyReplay, ConnectError>>, ConnectError> {
+    let group = &connection.endpoint().group;
+    let sink = connection.dead_letter_sink()?;
+    let partitions = Partitions::of(connection).await?;
+    let publisher = partitions.publisher_for(connection);
+    let outcomes = parking::replay_keys(group, keys, &*sink, &publisher)
+        .await
+        .map_err(refused)?;
+    Ok(outcomes.into_iter().map(|o| o.map_err(refused)).collect())
 }
 
 /// Publishes again the replay of parked key `key` that is under way
