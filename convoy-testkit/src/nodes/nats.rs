@@ -222,7 +222,33 @@ impl NatsCluster {
         for server in &servers {
             server.wait_ready()?;
         }
-        Ok(NatsCluster { servers })
+        // Healthy is not enough to place a stream on every server: until the meta leader counts
+        // each peer online, a stream of three replicas is refused ("no suitable peers for
+        // placement, peer offline"), which a loaded machine shows.
+        let cluster = NatsCluster { servers };
+        if !wait_until(READY_WITHIN, || cluster.meta_peers_online(size)) {
+            return Err(NodeError::failed(
+                "the NATS cluster",
+                format!("its JetStream meta leader did not count all {size} servers online within {READY_WITHIN:?}"),
+            ));
+        }
+        Ok(cluster)
+    }
+
+    /// True once a server leads the JetStream meta group and counts its `size - 1` peers
+    /// current and online (`/jsz`'s `meta_cluster.replicas`, which only the leader lists).
+    fn meta_peers_online(&self, size: usize) -> bool {
+        self.servers.iter().any(|server| {
+            let Some((200, body)) = http_get(server.monitor_port, "/jsz") else {
+                return false;
+            };
+            let Ok(jsz) = serde_json::from_str::<serde_json::Value>(&body) else {
+                return false;
+            };
+            jsz["meta_cluster"]["replicas"].as_array().is_some_and(|peers| {
+                peers.len() + 1 == size && peers.iter().all(|p| p["current"] == true && p["offline"] != true)
+            })
+        })
     }
 
     /// Every server's address, comma-separated (a client URL's server list).
