@@ -764,6 +764,26 @@ pub async fn replay_keys(
     Ok(outcomes)
 }
 
+/// `key`'s parking in `keys` (of `group`), for an operator's replay or unpark: refused for a
+/// key not parked, or with a replay under way.
+fn idle_parking<'k>(group: &str, key: &[u8], keys: &'k ParkedKeys) -> Result<&'k KeyParking, ReplayError> {
+    let shown = || String::from_utf8_lossy(key).into_owned();
+    let Some(parking) = keys.get(key) else {
+        return Err(ReplayError::NotParked {
+            key: shown(),
+            group: group.to_owned(),
+        });
+    };
+    match parking.replaying() {
+        Some(r) => Err(ReplayError::UnderWay {
+            key: shown(),
+            id: r.id.clone(),
+            count: r.count,
+        }),
+        None => Ok(parking),
+    }
+}
+
 /// Replays `key` as `keys`, read back from the destination, hold it.
 async fn replay_read(
     group: &str,
@@ -773,19 +793,7 @@ async fn replay_read(
     publisher: &PublisherFor<'_>,
 ) -> Result<KeyReplay, ReplayError> {
     let shown = String::from_utf8_lossy(key).into_owned();
-    let Some(parking) = keys.get(key) else {
-        return Err(ReplayError::NotParked {
-            key: shown,
-            group: group.to_owned(),
-        });
-    };
-    if let Some(r) = parking.replaying() {
-        return Err(ReplayError::UnderWay {
-            key: shown,
-            id: r.id.clone(),
-            count: r.count,
-        });
-    }
+    let parking = idle_parking(group, key, keys)?;
     let in_order = parking.to_replay();
     let id = replay_id();
     let records: Vec<Message> = in_order.iter().filter_map(|r| r.record.clone()).collect();

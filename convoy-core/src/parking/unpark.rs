@@ -4,7 +4,10 @@
 
 use bytes::Bytes;
 
-use super::{format_position, marker, replay_key, KeyReplay, ParkedKeys, PublisherFor, ReplayError, DL_OF};
+use super::{
+    format_position, idle_parking, marker, replay_key, KeyReplay, ParkedKeys, PublisherFor, ReplayError,
+    DL_OF,
+};
 use crate::dead_letter::{DeadLetterCause, DeadLetterSink};
 use crate::message::{Headers, Message};
 
@@ -33,19 +36,7 @@ pub async fn unpark_key(
 ) -> Result<Unparked, ReplayError> {
     let shown = String::from_utf8_lossy(key).into_owned();
     let keys = ParkedKeys::read_back(group, sink).await?;
-    let Some(parking) = keys.get(key) else {
-        return Err(ReplayError::NotParked {
-            key: shown,
-            group: group.to_owned(),
-        });
-    };
-    if let Some(r) = parking.replaying() {
-        return Err(ReplayError::UnderWay {
-            key: shown,
-            id: r.id.clone(),
-            count: r.count,
-        });
-    }
+    let parking = idle_parking(group, key, &keys)?;
     let in_order = parking.to_replay();
     // The head: the first failed record in the order a replay would publish them.
     let head = in_order.iter().find(|r| r.failed);
