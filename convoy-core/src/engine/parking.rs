@@ -13,7 +13,7 @@ use metrics::Gauge;
 
 use crate::dead_letter::DeadLetterSink;
 use crate::message::{Message, Offset, SourceId};
-use crate::parking::{topic_of, ParkedKeys, ParkedRecord, ParkingChange, ReplayTag};
+use crate::parking::{topic_of, ParkedKeys, ParkedRecord, ParkingChange, Position, ReplayTag};
 
 /// How often a dead letter that parks its key looks for the commit below it.
 const COMMIT_POLL: Duration = Duration::from_millis(10);
@@ -52,6 +52,8 @@ struct State {
 /// What an assigned source received and committed.
 #[derive(Default)]
 struct Marks {
+    /// Its offsets name positions (a redelivery has the offset of the first delivery).
+    positions: bool,
     /// The first offset received in this assignment.
     first_received: Option<Offset>,
     /// Every offset received below this one is committed.
@@ -147,9 +149,14 @@ impl Parking {
         Gate::SetAside
     }
 
-    /// `source` was assigned here: nothing of it received yet.
-    pub fn source_assigned(&self, source: &SourceId) {
-        self.marks().insert(source.clone(), Marks::default());
+    /// `source` was assigned here (its offsets naming positions or not): nothing of it
+    /// received yet.
+    pub fn source_assigned(&self, source: &SourceId, positions: bool) {
+        let marks = Marks {
+            positions,
+            ..Marks::default()
+        };
+        self.marks().insert(source.clone(), marks);
     }
 
     /// Messages of `source` from `offset` on arrived (in offset order).
@@ -271,7 +278,26 @@ impl Parking {
         self.written.store(0, Ordering::Relaxed);
         let mut wait = Duration::from_millis(100);
         let caught_up = loop {
-            match ParkedKeys::catch_up(&self.group, sink, self.checkpoint_after).await {
+            // Where this engine's commits passed: a message delivered from below one is never
+            // delivered again, so its key's parking need not know it by its id. Taken before
+            // the read: what this engine sets aside meanwhile (the journal, applied again
+            // after it, deduplicated by id) lies above it.
+            let committed: HashMap<String, Offset> = self
+                .marks()
+                .iter()
+                .filter(|(_, m)| m.positions)
+                .map(|(source, m)| (source.to_string(), m.committed_below))
+                .collect();
+            let delivered_no_more =
+                |(source, offset): &Position| committed.get(source).is_some_and(|below| offset < below);
+            match ParkedKeys::catch_up_forgetting(
+                &self.group,
+                sink,
+                self.checkpoint_after,
+                &delivered_no_more,
+            )
+            .await
+            {
                 Ok(caught_up) => break caught_up,
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot read the dead-letter destination back to learn the parked keys; retrying");
@@ -284,6 +310,7 @@ impl Parking {
             read = caught_up.read,
             from_checkpoint = caught_up.from_checkpoint,
             saved = caught_up.saved,
+            forgotten = caught_up.forgotten,
             "dead-letter destination read back"
         );
         let mut keys = caught_up.keys;
@@ -307,9 +334,9 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::dead_letter::{DeadLetter, DL_CAUSE, DL_GROUP};
+    use crate::dead_letter::{DeadLetter, DL_CAUSE, DL_GROUP, DL_OFFSET, DL_SOURCE};
     use crate::message::{Headers, SourceId};
-    use crate::parking::{DL_PARK_ID, REPLAY, REPLAY_OF};
+    use crate::parking::{DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF};
     use crate::transport::TransportError;
 
     fn message(key: &str, offset: u64, replay: Option<&str>) -> Message {
@@ -405,6 +432,62 @@ mod tests {
         let state = parking.state();
         let key = state.keys.get(b"k").expect("parked");
         assert_eq!(key.pending(), 1, "the set-aside record counts once");
+    }
+
+    /// A parked key replayed while it stays parked remembers what the replay took (a
+    /// redelivery of one is not set aside again) only until the source's commit passed it.
+    #[tokio::test]
+    async fn a_replayed_message_is_forgotten_once_its_source_committed_past_it() {
+        for positions in [true, false] {
+            let destination = Destination::default();
+            let parking = Parking::new("g", crate::parking::CHECKPOINT_AFTER);
+            let source = SourceId::new("t/0");
+            parking.source_assigned(&source, positions);
+            for (offset, cause) in [(1u64, "terminal"), (2, "parked"), (3, "parked")] {
+                destination.add(
+                    "k",
+                    &[
+                        (DL_CAUSE, cause.to_owned()),
+                        (DL_PARKS, "key".to_owned()),
+                        (DL_PARK_ID, id(offset).unwrap()),
+                        (DL_SOURCE, "t/0".to_owned()),
+                        (DL_OFFSET, offset.to_string()),
+                    ],
+                );
+            }
+            destination.add(
+                "k",
+                &[
+                    (DL_CAUSE, "replay".to_owned()),
+                    (REPLAY, "r1 0/2".to_owned()),
+                    (REPLAY_OF, "t.dlq/0@0,t.dlq/0@1".to_owned()),
+                ],
+            );
+            let holds = |offset| {
+                parking
+                    .state()
+                    .keys
+                    .get(b"k")
+                    .unwrap()
+                    .holds(&id(offset).unwrap())
+            };
+            parking.read_back(&destination).await;
+            assert!(holds(1) && holds(2) && holds(3));
+            parking.committed_below(&source, 2);
+            parking.read_back(&destination).await;
+            assert_eq!(
+                holds(1),
+                !positions,
+                "replayed and committed past (offsets naming positions): forgotten"
+            );
+            assert!(holds(2), "replayed, not committed past");
+            assert!(holds(3), "waiting");
+            parking.committed_below(&source, 4);
+            parking.read_back(&destination).await;
+            assert_eq!(holds(2) || holds(3), !positions, "committed past: forgotten");
+            let state = parking.state();
+            assert_eq!(state.keys.get(b"k").unwrap().pending(), 1, "still waiting");
+        }
     }
 
     #[test]
@@ -537,11 +620,11 @@ mod tests {
         let parking = Parking::new("g", crate::parking::CHECKPOINT_AFTER);
         let source = SourceId::new("t/0");
         let head = message("k", 9, None);
-        parking.source_assigned(&source);
+        parking.source_assigned(&source, true);
         parking.received(&source, 9);
         // The first message received here: nothing below it to wait for.
         parking.wait_committed_below(&head, || false).await;
-        parking.source_assigned(&source);
+        parking.source_assigned(&source, true);
         parking.received(&source, 5);
         let waiting = parking.wait_committed_below(&head, || false);
         tokio::pin!(waiting);
@@ -553,7 +636,7 @@ mod tests {
         tokio::time::advance(COMMIT_POLL * 2).await;
         assert!(futures_util::poll!(waiting.as_mut()).is_ready());
         // Revoked: its final commit covers what came before; nothing to wait for.
-        parking.source_assigned(&source);
+        parking.source_assigned(&source, true);
         parking.received(&source, 1);
         parking.source_gone(&source);
         parking.wait_committed_below(&head, || false).await;

@@ -36,8 +36,10 @@
 //!
 //! A record is known by its message's identity ([`DL_PARK_ID`]: its event id, or where it was
 //! read when offsets are positions), so a message set aside twice (redelivered after a crash)
-//! is recorded once; a replay marker names the records it covers by where the destination
-//! holds them.
+//! is recorded once, and one a replay took is not set aside again while its key stays parked —
+//! until the group's commit passed where it was delivered from ([`ParkedKeys::forget_committed`]:
+//! it is never delivered again then). A replay marker names the records it covers by where the
+//! destination holds them.
 //!
 //! [`EngineConfig::park_keys`]: crate::EngineConfig::park_keys
 //! [`DeadLetterSink::read_back`]: crate::DeadLetterSink::read_back
@@ -51,7 +53,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dead_letter::{
     replay_message, DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, ReadMark, DL_CAUSE,
-    DL_GROUP, DL_SOURCE,
+    DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
 use crate::transport::{Publisher, Receipt, TransportError};
@@ -190,15 +192,23 @@ pub struct ParkedRecord {
     /// Where the destination holds it (known once read back).
     pub stored: Option<Position>,
     /// The replay its message came from, if it was a replayed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayTag>,
     /// Its message failed (the dead letter that parked the key), rather than being set aside.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub failed: bool,
     /// The topic its message came from, if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
+    /// Where its message was delivered from (source and offset), if known: once the group's
+    /// commit passed it there, the message is never delivered again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Position>,
     /// The record as the dead-letter destination holds it (`None` for one this engine wrote
-    /// and has not read back, and in an engine's read-back, which needs no payloads).
+    /// and has not read back, and in an engine's read-back, which needs no payloads). Boxed:
+    /// a key parked under load holds many records, mostly without one.
     #[serde(skip)]
-    pub record: Option<Message>,
+    pub record: Option<Box<Message>>,
 }
 
 impl ParkedRecord {
@@ -210,6 +220,7 @@ impl ParkedRecord {
             replay: ReplayTag::of(&message.headers),
             failed,
             topic: topic_of(message.source.as_str()),
+            origin: Some((message.source.to_string(), message.offset)),
             record: None,
         }
     }
@@ -265,8 +276,11 @@ impl Replaying {
 pub struct KeyParking {
     /// Records not covered by a replay, in the order they were written.
     pending: Vec<ParkedRecord>,
-    /// The ids of records replays took (or an unpark passed over) since the key was parked.
-    replayed: HashSet<String>,
+    /// The ids of records replays took (or an unpark passed over) since the key was parked,
+    /// with where their messages were delivered from: a redelivery of one is not set aside
+    /// again. Forgotten once the group's commit passed it ([`ParkedKeys::forget_committed`]):
+    /// a key parked for hours would otherwise remember every message replayed meanwhile.
+    replayed: HashMap<String, Option<Position>>,
     replaying: Option<Replaying>,
     /// The records the replay under way re-publishes, in its order (what a resume publishes
     /// again).
@@ -279,6 +293,10 @@ pub struct KeyParking {
     /// A replay marker in parts being read: its id, the parts read and the records they name.
     #[serde(default)]
     marker_parts: Option<(String, u32, Vec<Position>)>,
+    /// The ids of the pending records: a message set aside is looked up once, not against every
+    /// record of a key holding thousands (rebuilt from `pending` when a checkpoint is read).
+    #[serde(skip)]
+    pending_ids: HashSet<String>,
 }
 
 impl KeyParking {
@@ -304,7 +322,7 @@ impl KeyParking {
 
     /// True if the message known by `id` was recorded already (waiting, or replayed since).
     pub fn holds(&self, id: &str) -> bool {
-        self.replayed.contains(id) || self.pending.iter().any(|r| r.id.as_deref() == Some(id))
+        self.replayed.contains_key(id) || self.pending_ids.contains(id)
     }
 
     /// True if replay `id` of the key ended.
@@ -361,9 +379,57 @@ impl KeyParking {
     }
 
     fn set_aside(&mut self, record: ParkedRecord) {
-        if !record.id.as_deref().is_some_and(|id| self.holds(id)) {
-            self.pending.push(record);
+        if let Some(id) = &record.id {
+            if self.holds(id) {
+                return;
+            }
+            self.pending_ids.insert(id.clone());
         }
+        self.pending.push(record);
+    }
+
+    /// Moves the pending records at `stored` out (replayed or passed over), in pending order:
+    /// their ids are remembered as replayed.
+    fn take_pending(&mut self, stored: impl Fn(&Position) -> bool) -> Vec<ParkedRecord> {
+        let (taken, pending): (Vec<ParkedRecord>, Vec<ParkedRecord>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|r| r.stored.as_ref().is_some_and(&stored));
+        self.pending = pending;
+        for r in &taken {
+            if let Some(id) = &r.id {
+                self.pending_ids.remove(id);
+                // A replay's copy is delivered again by a resumed replay, from elsewhere: only
+                // an original is forgotten once committed past.
+                let origin = r.origin.clone().filter(|_| r.replay.is_none());
+                self.replayed.insert(id.clone(), origin);
+            }
+        }
+        taken
+    }
+
+    /// Forgets the ids of the messages `delivered_no_more` says are never delivered again:
+    /// replayed ones, and waiting ones (which stay waiting, known by where the destination
+    /// holds them). A replay's copy keeps its id: a resumed replay delivers it again.
+    fn forget_committed(&mut self, delivered_no_more: &(dyn Fn(&Position) -> bool + Sync)) -> usize {
+        let replayed = self.replayed.len();
+        self.replayed
+            .retain(|_, origin| !origin.as_ref().is_some_and(delivered_no_more));
+        let mut forgotten = replayed - self.replayed.len();
+        for record in self.pending.iter_mut().filter(|r| r.replay.is_none()) {
+            if record.origin.as_ref().is_some_and(delivered_no_more) {
+                record.origin = None;
+                if let Some(id) = record.id.take() {
+                    self.pending_ids.remove(&id);
+                    forgotten += 1;
+                }
+            }
+        }
+        forgotten
+    }
+
+    /// Rebuilds what a checkpoint does not hold.
+    fn reindex(&mut self) {
+        self.pending_ids = self.pending.iter().filter_map(|r| r.id.clone()).collect();
     }
 
     /// Part `part` of `parts` of a replay marker: the replay starts with the last part, read
@@ -395,13 +461,8 @@ impl KeyParking {
 
     fn replay_started(&mut self, tag: &ReplayTag, stored: &[Position]) {
         let place: HashMap<&Position, usize> = stored.iter().enumerate().map(|(i, p)| (p, i)).collect();
-        let (taken, pending) = std::mem::take(&mut self.pending)
-            .into_iter()
-            .partition(|r| r.stored.as_ref().is_some_and(|p| place.contains_key(p)));
-        self.pending = pending;
-        let mut taken: Vec<ParkedRecord> = taken;
+        let mut taken = self.take_pending(|p| place.contains_key(p));
         taken.sort_by_key(|r| r.stored.as_ref().and_then(|p| place.get(p).copied()));
-        self.replayed.extend(taken.iter().filter_map(|r| r.id.clone()));
         let topics: Option<Vec<String>> = taken.iter().map(|r| r.topic.clone()).collect();
         let topics = topics
             .filter(|t| t.len() == tag.count as usize)
@@ -417,11 +478,8 @@ impl KeyParking {
     }
 
     fn skip(&mut self, stored: &[Position]) {
-        let (skipped, pending): (Vec<ParkedRecord>, Vec<ParkedRecord>) = std::mem::take(&mut self.pending)
-            .into_iter()
-            .partition(|r| r.stored.as_ref().is_some_and(|p| stored.contains(p)));
-        self.pending = pending;
-        self.replayed.extend(skipped.into_iter().filter_map(|r| r.id));
+        let stored: HashSet<&Position> = stored.iter().collect();
+        self.take_pending(|p| stored.contains(p));
     }
 
     fn replay_done(&mut self, id: &str, part: Option<String>) {
@@ -495,6 +553,17 @@ impl ParkedKeys {
         sink: &dyn DeadLetterSink,
         checkpoint_after: usize,
     ) -> Result<CaughtUp, TransportError> {
+        ParkedKeys::catch_up_forgetting(group, sink, checkpoint_after, &|_| false).await
+    }
+
+    /// [`catch_up`](Self::catch_up), forgetting what `delivered_no_more` says is never
+    /// delivered again ([`forget_committed`](Self::forget_committed)) before it saves.
+    pub async fn catch_up_forgetting(
+        group: &str,
+        sink: &dyn DeadLetterSink,
+        checkpoint_after: usize,
+        delivered_no_more: &(dyn Fn(&Position) -> bool + Sync),
+    ) -> Result<CaughtUp, TransportError> {
         let checkpoint = match sink.load_checkpoint(group).await? {
             Some(bytes) => Checkpoint::decode(group, &bytes),
             None => None,
@@ -511,6 +580,7 @@ impl ParkedKeys {
         }
         let from_checkpoint = from_checkpoint && !tail.restarted;
         keys.fold(group, &tail.records, Payloads::Drop);
+        let forgotten = keys.forget_committed(delivered_no_more);
         let read = tail.records.len();
         let mut saved = false;
         if let Some(mark) = tail.mark.filter(|_| read >= checkpoint_after) {
@@ -527,7 +597,19 @@ impl ParkedKeys {
             read,
             from_checkpoint,
             saved,
+            forgotten,
         })
+    }
+
+    /// Forgets, of every parked key, the replayed messages `delivered_no_more` says are never
+    /// delivered again (the group's commit passed where they were delivered from): nothing
+    /// needs to know them as replayed any more.
+    /// Returns how many ids it forgot.
+    pub fn forget_committed(&mut self, delivered_no_more: &(dyn Fn(&Position) -> bool + Sync)) -> usize {
+        self.keys
+            .values_mut()
+            .map(|parking| parking.forget_committed(delivered_no_more))
+            .sum()
     }
 
     /// Applies a change to `key`'s parking.
@@ -596,6 +678,9 @@ pub struct CaughtUp {
     pub from_checkpoint: bool,
     /// A new checkpoint was saved.
     pub saved: bool,
+    /// Ids of messages never delivered again that were forgotten
+    /// ([`ParkedKeys::forget_committed`]).
+    pub forgotten: usize,
 }
 
 /// Whether a fold keeps each record's message.
@@ -615,8 +700,17 @@ struct Checkpoint {
     keys: ParkedKeys,
 }
 
+/// How hard a checkpoint is deflated (of miniz's 0–10): most of what the best level saves, at a
+/// fraction of its time.
+const DEFLATE_LEVEL: u8 = 3;
+
+/// Most bytes a checkpoint inflates to: far beyond any saved (a store's value holds ~1 MB
+/// deflated), short of exhausting memory on a corrupt one.
+const INFLATED_LIMIT: usize = 1 << 30;
+
 impl Checkpoint {
-    const VERSION: u32 = 1;
+    /// 2: deflated JSON (1: plain JSON).
+    const VERSION: u32 = 2;
 
     fn encode(group: &str, mark: &ReadMark, keys: &ParkedKeys) -> Bytes {
         #[derive(Serialize)]
@@ -633,14 +727,23 @@ impl Checkpoint {
             keys,
         };
         // Serializing maps, sets, strings and numbers cannot fail.
-        Bytes::from(serde_json::to_vec(&checkpoint).unwrap_or_default())
+        let json = serde_json::to_vec(&checkpoint).unwrap_or_default();
+        // Deflated: a parked key's records are ids and positions much alike, and the stores
+        // bound a value (Kafka's and NATS's 1 MB by default).
+        Bytes::from(miniz_oxide::deflate::compress_to_vec(&json, DEFLATE_LEVEL))
     }
 
     /// The checkpoint in `bytes`, if it is one of this version for `group` (anything else is
     /// ignored, logged: the read starts from the beginning).
     fn decode(group: &str, bytes: &[u8]) -> Option<Checkpoint> {
-        match serde_json::from_slice::<Checkpoint>(bytes) {
-            Ok(c) if c.version == Checkpoint::VERSION && c.group == group => Some(c),
+        // A checkpoint that does not inflate is read as it is: an older version's is plain JSON.
+        let inflated = miniz_oxide::inflate::decompress_to_vec_with_limit(bytes, INFLATED_LIMIT);
+        let json = inflated.as_deref().unwrap_or(bytes);
+        match serde_json::from_slice::<Checkpoint>(json) {
+            Ok(mut c) if c.version == Checkpoint::VERSION && c.group == group => {
+                c.keys.keys.values_mut().for_each(KeyParking::reindex);
+                Some(c)
+            }
             Ok(c) => {
                 tracing::warn!(version = c.version, group = %c.group, "ignoring a parked keys' checkpoint of another version or group; reading the dead-letter destination from its start");
                 None
@@ -796,7 +899,10 @@ async fn replay_read(
     let parking = idle_parking(group, key, keys)?;
     let in_order = parking.to_replay();
     let id = replay_id();
-    let records: Vec<Message> = in_order.iter().filter_map(|r| r.record.clone()).collect();
+    let records: Vec<Message> = in_order
+        .iter()
+        .filter_map(|r| r.record.as_deref().cloned())
+        .collect();
     let messages = replay_messages(&id, &records, &shown)?;
     let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
     let tag = ReplayTag {
@@ -855,7 +961,7 @@ pub async fn resume_replay(
     let records: Vec<Message> = parking
         .replaying_records
         .iter()
-        .filter_map(|r| r.record.clone())
+        .filter_map(|r| r.record.as_deref().cloned())
         .collect();
     let messages = replay_messages(&replay.id, &records, &shown)?;
     let receipts = publish(&messages, publisher).await?;
@@ -974,7 +1080,11 @@ fn change_of(group: &str, record: &Message, payloads: Payloads) -> Option<(Bytes
             replay: ReplayTag::of(headers),
             failed: cause != DeadLetterCause::Parked.as_str(),
             topic: headers.get_str(DL_SOURCE).and_then(topic_of),
-            record: (payloads == Payloads::Keep).then(|| record.clone()),
+            origin: headers
+                .get_str(DL_SOURCE)
+                .zip(headers.get_str(DL_OFFSET))
+                .and_then(|(source, offset)| Some((source.to_owned(), offset.parse().ok()?))),
+            record: (payloads == Payloads::Keep).then(|| Box::new(record.clone())),
         }))
     } else {
         return None;
@@ -1251,7 +1361,7 @@ mod tests {
                 format!(
                     "{key:?}: pending {:?} replayed {} replaying {:?} of {:?} last {:?} ended {}",
                     p.to_replay().into_iter().map(record).collect::<Vec<_>>(),
-                    sorted(&p.replayed),
+                    sorted(&p.replayed.keys().cloned().collect()),
                     p.replaying,
                     p.replaying_records.iter().map(record).collect::<Vec<_>>(),
                     p.last_replay,
@@ -1379,6 +1489,138 @@ mod tests {
             checkpoint.len() < 10_000,
             "a checkpoint of ten keys: {} bytes",
             checkpoint.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_of_a_key_holding_24_000_records_fits_a_record() {
+        // A hot key parked under load: 24,000 messages with convoy's event ids set aside
+        // between other keys' dead letters, half of them taken by a replay (their ids are
+        // remembered), half waiting.
+        let mut d = Destination::default();
+        let mut rng = fastrand::Rng::with_seed(38);
+        let mut ids = Vec::new();
+        for n in 0..24_000u32 {
+            let id = format!("{:016x}{:016x}", rng.u64(..), rng.u64(..));
+            let cause = if n == 0 { "terminal" } else { "parked" };
+            let (source, offset) = (format!("soak-in/{}", n % 64), (n / 64).to_string());
+            d.push(
+                "hot",
+                &[
+                    (DL_CAUSE, cause),
+                    (DL_PARKS, "key"),
+                    (DL_PARK_ID, &id),
+                    (DL_SOURCE, &source),
+                    (DL_OFFSET, &offset),
+                ],
+            );
+            d.push(&format!("other-{n}"), &[(DL_CAUSE, "terminal")]);
+            ids.push(id);
+        }
+        let taken: Vec<String> = (0..12_000).map(|n| format!("t.dlq/0@{}", 2 * n)).collect();
+        let lists = position_lists(&taken);
+        let tag = format!("r1 0/{}", taken.len());
+        for (i, list) in lists.iter().enumerate() {
+            let part = format!("{}/{}", i + 1, lists.len());
+            d.push(
+                "hot",
+                &[
+                    (DL_CAUSE, "replay"),
+                    (REPLAY, &tag),
+                    (REPLAY_OF, list),
+                    (REPLAY_OF_PART, &part),
+                ],
+            );
+        }
+        let sink = Marked::new(&d.0);
+        let saved = ParkedKeys::catch_up("g", &sink, 1).await.unwrap();
+        assert!(saved.saved);
+        let checkpoint = sink.checkpoint.lock().unwrap().clone().unwrap();
+        assert!(
+            checkpoint.len() < 1_000_000,
+            "within Kafka's and NATS's default bound on a value: {} bytes, {:.1} per record",
+            checkpoint.len(),
+            checkpoint.len() as f64 / 24_000.0
+        );
+        let read = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
+        assert!(read.from_checkpoint && read.read == 0);
+        let hot = read.keys.get(b"hot").unwrap();
+        assert_eq!(hot.pending(), 12_000);
+        assert!(hot.replaying().is_some());
+        assert!(
+            ids.iter().all(|id| hot.holds(id)),
+            "every message, waiting or replayed, known when delivered again"
+        );
+        assert_eq!(summary(&read.keys), summary(&ParkedKeys::read("g", &d.0)));
+        // Once the group's commit passed them, no id is needed: the waiting records stay,
+        // smaller (the replay under way keeps its records whole: 368,711 bytes in all).
+        let forgot = ParkedKeys::catch_up_forgetting("g", &sink, 0, &|_| true)
+            .await
+            .unwrap();
+        assert_eq!(forgot.forgotten, 24_000);
+        let compact = sink.checkpoint.lock().unwrap().clone().unwrap();
+        assert!(
+            compact.len() * 2 < checkpoint.len(),
+            "{} bytes, {:.1} per record",
+            compact.len(),
+            compact.len() as f64 / 24_000.0
+        );
+        assert_eq!(forgot.keys.get(b"hot").unwrap().pending(), 12_000);
+    }
+
+    #[tokio::test]
+    async fn replayed_messages_are_forgotten_once_the_commit_passed_where_they_came_from() {
+        let mut d = Destination::default();
+        let record = |d: &mut Destination, n: u64, cause: &str| {
+            let (id, offset) = (format!("e{n}"), n.to_string());
+            d.push(
+                "a",
+                &[
+                    (DL_CAUSE, cause),
+                    (DL_PARK_ID, &id),
+                    (DL_SOURCE, "t/1"),
+                    (DL_OFFSET, &offset),
+                ],
+            );
+        };
+        record(&mut d, 10, "terminal");
+        d.0[0].headers.insert(DL_PARKS, "key");
+        record(&mut d, 11, "parked");
+        record(&mut d, 12, "parked");
+        d.replay("a", "r1 0/3", &[0, 1, 2]);
+        record(&mut d, 13, "parked");
+        let sink = Marked::new(&d.0);
+        let committed_below_12 = |(source, offset): &Position| source == "t/1" && *offset < 12;
+        let caught_up = ParkedKeys::catch_up_forgetting("g", &sink, 1, &committed_below_12)
+            .await
+            .unwrap();
+        assert!(caught_up.saved);
+        assert_eq!(caught_up.forgotten, 2);
+        for keys in [
+            caught_up.keys,
+            ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap().keys,
+        ] {
+            let a = keys.get(b"a").unwrap();
+            assert!(
+                !a.holds("e10") && !a.holds("e11"),
+                "replayed, and the commit passed them: forgotten"
+            );
+            assert!(a.holds("e12"), "replayed, not committed past yet");
+            assert!(a.holds("e13"), "waiting, not committed past yet");
+            assert_eq!(a.pending(), 1);
+        }
+        let committed_below_14 = |(source, offset): &Position| source == "t/1" && *offset < 14;
+        let caught_up = ParkedKeys::catch_up_forgetting("g", &sink, 0, &committed_below_14)
+            .await
+            .unwrap();
+        assert_eq!(caught_up.forgotten, 2);
+        let a = caught_up.keys.get(b"a").unwrap();
+        assert!(!a.holds("e12") && !a.holds("e13"), "committed past: forgotten");
+        assert_eq!(a.pending(), 1, "still waiting, for its replay");
+        assert_eq!(
+            a.to_replay()[0].stored,
+            Some(("t.dlq/0".to_owned(), 4)),
+            "known by where the destination holds it"
         );
     }
 

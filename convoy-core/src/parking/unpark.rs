@@ -41,7 +41,7 @@ pub async fn unpark_key(
     // The head: the first failed record in the order a replay would publish them.
     let head = in_order.iter().find(|r| r.failed);
     let (Some(skipped), Some(stored)) = (
-        head.and_then(|r| r.record.clone()),
+        head.and_then(|r| r.record.as_deref().cloned()),
         head.and_then(|r| r.stored.as_ref()),
     ) else {
         return Err(ReplayError::NothingToSkip(shown));

@@ -140,7 +140,7 @@ impl Intake {
             }
         };
         if let Some((parking, _)) = &self.parking {
-            parking.source_assigned(&a.source);
+            parking.source_assigned(&a.source, a.offsets_are_positions);
         }
         self.by_id.insert(a.source, slot);
         self.stats.intake.sources.store(self.by_id.len(), Relaxed);
