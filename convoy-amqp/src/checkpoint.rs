@@ -1,7 +1,12 @@
 //! A group's parked keys' checkpoint of a dead-letter stream (see `convoy_core::parking`): the
 //! latest is kept in a durable classic queue of length one, where a newer one drops the older
-//! from the head, and read with a get that hands it back (a reader that finds the queue empty
-//! because another holds it for a moment reads the stream from its start: slower, still right).
+//! from the head, and read with a get that hands it back. A reader that finds the queue empty
+//! asks again for a moment: a save never empties it, so another reader holds the checkpoint
+//! between its get and its hand-back (members read back at once on a rebalance), or a first
+//! save is between its declare and its publish. Only then does it read the stream from its
+//! start (slower, still right).
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use convoy_core::TransportError;
@@ -47,14 +52,22 @@ pub async fn load(config: &AmqpConfig, queue: &str) -> Result<Option<Bytes>, Tra
             return Ok(None);
         }
         let channel = channel(&connection).await?;
-        let got = answered(
-            format!("reading {queue}"),
-            channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }),
-        )
-        .await?
-        .map_err(|e| broker(&format!("reading {queue}"), e))?;
-        let Some(got) = got else {
-            return Ok(None);
+        let mut asked = 0;
+        let got = loop {
+            let got = answered(
+                format!("reading {queue}"),
+                channel.basic_get(queue.into(), BasicGetOptions { no_ack: false }),
+            )
+            .await?
+            .map_err(|e| broker(&format!("reading {queue}"), e))?;
+            match got {
+                Some(got) => break got,
+                None if asked < HELD_ASKS => {
+                    asked += 1;
+                    tokio::time::sleep(HELD_PAUSE * asked).await;
+                }
+                None => return Ok(None),
+            }
         };
         let checkpoint = Bytes::from(got.delivery.data.clone());
         answered(
@@ -69,6 +82,11 @@ pub async fn load(config: &AmqpConfig, queue: &str) -> Result<Option<Bytes>, Tra
     close(&connection, "done").await;
     result
 }
+
+/// How often a reader asks again for a checkpoint another holds, pausing [`HELD_PAUSE`] times
+/// the attempt in between: about two seconds in all.
+const HELD_ASKS: u32 = 15;
+const HELD_PAUSE: Duration = Duration::from_millis(20);
 
 async fn channel(connection: &Connection) -> Result<Channel, TransportError> {
     answered("opening a channel", connection.create_channel())

@@ -45,3 +45,25 @@ async fn a_checkpoint_of_a_deleted_dead_letter_stream_is_void() {
     })
     .await;
 }
+
+/// Members reading back at once (a rebalance) each find their group's checkpoint: one holds it
+/// between its get and its hand-back, and the others ask again instead of reading the
+/// dead-letter stream from its start (17 of the 60 read-backs of the soak's RabbitMQ run did,
+/// up to 28,799 records each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_of_one_checkpoint_at_once_each_find_it() {
+    use convoy_core::DeadLetterSink;
+    let Some(uri) = common::uri() else {
+        return;
+    };
+    let bed = common::AmqpBed::new(&uri, 1).await;
+    let sink = convoy_amqp::AmqpDeadLetterSink::new(&bed.config);
+    let checkpoint = bytes::Bytes::from_static(b"a checkpoint");
+    sink.save_checkpoint("g", checkpoint.clone()).await.unwrap();
+    for round in 0..5 {
+        let loads = (0..8).map(|_| sink.load_checkpoint("g"));
+        for found in futures_util::future::join_all(loads).await {
+            assert_eq!(found.unwrap().as_ref(), Some(&checkpoint), "round {round}");
+        }
+    }
+}
