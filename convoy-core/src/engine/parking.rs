@@ -274,22 +274,22 @@ impl Parking {
     /// nothing of a source may be handled before its parked keys are known.
     pub async fn read_back(&self, sink: &dyn DeadLetterSink) {
         let _one = self.reading.lock().await;
+        // Where this engine's commits passed: a message delivered from below one is never
+        // delivered again, so its key's parking need not know it by its id. Taken before the
+        // journal starts: what this engine sets aside from then on (applied again after the
+        // read, deduplicated by id) is committed only after it, so none of it is forgotten.
+        let committed: HashMap<String, Offset> = self
+            .marks()
+            .iter()
+            .filter(|(_, m)| m.positions)
+            .map(|(source, m)| (source.to_string(), m.committed_below))
+            .collect();
+        let delivered_no_more =
+            |(source, offset): &Position| committed.get(source).is_some_and(|below| offset < below);
         self.state().journal = Some(Vec::new());
         self.written.store(0, Ordering::Relaxed);
         let mut wait = Duration::from_millis(100);
         let caught_up = loop {
-            // Where this engine's commits passed: a message delivered from below one is never
-            // delivered again, so its key's parking need not know it by its id. Taken before
-            // the read: what this engine sets aside meanwhile (the journal, applied again
-            // after it, deduplicated by id) lies above it.
-            let committed: HashMap<String, Offset> = self
-                .marks()
-                .iter()
-                .filter(|(_, m)| m.positions)
-                .map(|(source, m)| (source.to_string(), m.committed_below))
-                .collect();
-            let delivered_no_more =
-                |(source, offset): &Position| committed.get(source).is_some_and(|below| offset < below);
             match ParkedKeys::catch_up_forgetting(
                 &self.group,
                 sink,
