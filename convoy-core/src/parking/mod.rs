@@ -320,7 +320,8 @@ impl KeyParking {
         self.pending.len()
     }
 
-    /// True if the message known by `id` was recorded already (waiting, or replayed since).
+    /// True if the message known by `id` was recorded already (waiting, or replayed since),
+    /// unless it was forgotten as never delivered again ([`ParkedKeys::forget_committed`]).
     pub fn holds(&self, id: &str) -> bool {
         self.replayed.contains_key(id) || self.pending_ids.contains(id)
     }
@@ -601,10 +602,9 @@ impl ParkedKeys {
         })
     }
 
-    /// Forgets, of every parked key, the replayed messages `delivered_no_more` says are never
-    /// delivered again (the group's commit passed where they were delivered from): nothing
-    /// needs to know them as replayed any more.
-    /// Returns how many ids it forgot.
+    /// Forgets, of every parked key, the ids of the messages (replayed or waiting)
+    /// `delivered_no_more` says are never delivered again — the group's commit passed where
+    /// they were delivered from: no redelivery needs recognising. Returns how many it forgot.
     pub fn forget_committed(&mut self, delivered_no_more: &(dyn Fn(&Position) -> bool + Sync)) -> usize {
         self.keys
             .values_mut()
@@ -754,6 +754,19 @@ impl Checkpoint {
             }
         }
     }
+}
+
+/// The group a saved checkpoint ([`DeadLetterSink::save_checkpoint`]) is of, if it is one of
+/// this version: what a store holds is deflated, not readable as it is.
+pub fn checkpoint_group(checkpoint: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Head {
+        version: u32,
+        group: String,
+    }
+    let json = miniz_oxide::inflate::decompress_to_vec_with_limit(checkpoint, INFLATED_LIMIT).ok()?;
+    let head: Head = serde_json::from_slice(&json).ok()?;
+    (head.version == Checkpoint::VERSION).then_some(head.group)
 }
 
 /// Maps keyed by `Bytes` (keys need not be UTF-8), as a list of pairs.
@@ -1435,6 +1448,8 @@ mod tests {
             &ReadMark("0:9".into()),
             &ParkedKeys::default(),
         ));
+        let saved = sink.checkpoint.lock().unwrap().clone().unwrap();
+        assert_eq!(checkpoint_group(&saved).as_deref(), Some("other"));
         let caught_up = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
         assert!(!caught_up.from_checkpoint);
         assert_eq!(caught_up.read, d.0.len(), "read from the start");
