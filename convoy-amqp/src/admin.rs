@@ -92,14 +92,19 @@ pub async fn delete_dead_letter_stream(config: &AmqpConfig, name: &str) -> Resul
     on_admin_connection(config, async |connection| delete_queue_on(connection, name).await).await
 }
 
-/// Deletes `group`'s parked keys' checkpoint of the dead-letter stream `stream`, if any.
+/// Deletes `group`'s parked keys' checkpoint of the dead-letter stream `stream`, if any: each
+/// of its parts (a save writes parts 1, 2, … up to its count, so they run without a gap).
 pub async fn delete_checkpoint(config: &AmqpConfig, stream: &str, group: &str) -> Result<(), TransportError> {
-    let queue = crate::checkpoint::queue(stream, group);
     on_admin_connection(config, async |connection| {
-        match topology::exists(connection, false, &queue).await? {
-            true => delete_queue_on(connection, &queue).await,
-            false => Ok(()),
+        for part in 0.. {
+            let queue = crate::checkpoint::queue(stream, group, part);
+            match topology::exists(connection, false, &queue).await? {
+                true => delete_queue_on(connection, &queue).await?,
+                false if part == 0 => continue,
+                false => break,
+            }
         }
+        Ok(())
     })
     .await
 }

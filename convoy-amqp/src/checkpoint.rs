@@ -19,9 +19,13 @@ use crate::connect::{close, connect};
 use crate::error::{answered, broker};
 use crate::topology;
 
-/// The queue keeping `group`'s checkpoint of the dead-letter stream `stream`.
-pub fn queue(stream: &str, group: &str) -> String {
-    format!("convoy.parking.{stream}.{group}")
+/// The queue keeping part `part` of `group`'s checkpoint of the dead-letter stream `stream`
+/// (the part in the prefix: no group's name makes another's part).
+pub fn queue(stream: &str, group: &str, part: u32) -> String {
+    match part {
+        0 => format!("convoy.parking.{stream}.{group}"),
+        n => format!("convoy.parking-{n}.{stream}.{group}"),
+    }
 }
 
 /// Saves `checkpoint` as the latest in `queue`, confirmed.

@@ -371,12 +371,17 @@ impl DeadLetterSink for AmqpDeadLetterSink {
         })
     }
 
-    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
-        crate::checkpoint::load(&self.publisher.config, &self.checkpoint_queue(group)).await
+    async fn load_checkpoint(&self, group: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
+        crate::checkpoint::load(&self.publisher.config, &self.checkpoint_queue(group, part)).await
     }
 
-    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
-        crate::checkpoint::save(&self.publisher.config, &self.checkpoint_queue(group), &checkpoint).await
+    async fn save_checkpoint(&self, group: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
+        crate::checkpoint::save(
+            &self.publisher.config,
+            &self.checkpoint_queue(group, part),
+            &checkpoint,
+        )
+        .await
     }
 }
 
@@ -426,9 +431,9 @@ impl AmqpDeadLetterSink {
         Ok((records, end, restarted))
     }
 
-    /// The queue keeping `group`'s checkpoint of this dead-letter stream.
-    fn checkpoint_queue(&self, group: &str) -> String {
-        crate::checkpoint::queue(&self.publisher.target, group)
+    /// The queue keeping part `part` of `group`'s checkpoint of this dead-letter stream.
+    fn checkpoint_queue(&self, group: &str, part: u32) -> String {
+        crate::checkpoint::queue(&self.publisher.target, group, part)
     }
 }
 

@@ -59,9 +59,9 @@ async fn readers_of_one_checkpoint_at_once_each_find_it() {
     let bed = common::AmqpBed::new(&uri, 1).await;
     let sink = convoy_amqp::AmqpDeadLetterSink::new(&bed.config);
     let checkpoint = bytes::Bytes::from_static(b"a checkpoint");
-    sink.save_checkpoint("g", checkpoint.clone()).await.unwrap();
+    sink.save_checkpoint("g", 0, checkpoint.clone()).await.unwrap();
     for round in 0..5 {
-        let loads = (0..8).map(|_| sink.load_checkpoint("g"));
+        let loads = (0..8).map(|_| sink.load_checkpoint("g", 0));
         for found in futures_util::future::join_all(loads).await {
             assert_eq!(found.unwrap().as_ref(), Some(&checkpoint), "round {round}");
         }

@@ -219,18 +219,20 @@ pub trait DeadLetterSink: Send + Sync + 'static {
         })
     }
 
-    /// The last checkpoint `group` saved with [`save_checkpoint`](Self::save_checkpoint), if
-    /// any (the default keeps none).
-    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
-        let _ = group;
+    /// Part `part` of `group`'s checkpoint as last saved with
+    /// [`save_checkpoint`](Self::save_checkpoint), if any (the default keeps none).
+    async fn load_checkpoint(&self, group: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
+        let _ = (group, part);
         Ok(None)
     }
 
-    /// Saves `group`'s checkpoint: the folded state of the destination up to a [`ReadMark`]
-    /// (what [`parking`](crate::parking) writes). Only the latest matters; a lost save costs a
-    /// longer read next time, nothing else.
-    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
-        let _ = (group, checkpoint);
+    /// Saves part `part` of `group`'s checkpoint: the folded state of the destination up to a
+    /// [`ReadMark`], in parts of at most [`CHECKPOINT_PART_BYTES`](crate::parking::CHECKPOINT_PART_BYTES)
+    /// and a small frame (what [`parking`](crate::parking) writes; part 0 names the others).
+    /// Each part replaces the last one saved under its number. Only the latest checkpoint
+    /// matters; a lost save costs a longer read next time, nothing else.
+    async fn save_checkpoint(&self, group: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
+        let _ = (group, part, checkpoint);
         Ok(())
     }
 }
@@ -307,12 +309,12 @@ impl<S: DeadLetterSink + ?Sized> DeadLetterSink for std::sync::Arc<S> {
         (**self).read_back_after(mark).await
     }
 
-    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
-        (**self).load_checkpoint(group).await
+    async fn load_checkpoint(&self, group: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
+        (**self).load_checkpoint(group, part).await
     }
 
-    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
-        (**self).save_checkpoint(group, checkpoint).await
+    async fn save_checkpoint(&self, group: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
+        (**self).save_checkpoint(group, part, checkpoint).await
     }
 }
 

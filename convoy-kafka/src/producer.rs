@@ -217,16 +217,17 @@ impl DeadLetterSink for KafkaDeadLetterSink {
     /// The group's latest record in the compacted topic `<dead-letter topic>.parking`, read
     /// from its end: what it costs grows with the checkpoints saved since the group's last
     /// one, not with every checkpoint ever saved (compaction leaves the active segment alone).
-    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+    async fn load_checkpoint(&self, group: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
         let topic = self.checkpoints.topic();
-        let latest =
-            crate::admin::latest_of_key(&self.config, topic, group.as_bytes(), READ_BACK_STALL).await?;
+        let key = checkpoint_key(group, part);
+        let latest = crate::admin::latest_of_key(&self.config, topic, &key, READ_BACK_STALL).await?;
         Ok(latest.map(|r| r.payload))
     }
 
-    /// A record keyed by the group in the compacted topic `<dead-letter topic>.parking`
-    /// (created on first use; a checkpoint over the broker's `message.max.bytes` fails to save).
-    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+    /// A record keyed by the group (and the part) in the compacted topic
+    /// `<dead-letter topic>.parking` (created on first use; each part is half the broker's
+    /// default `message.max.bytes`).
+    async fn save_checkpoint(&self, group: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
         if !self.checkpoints_created.load(Relaxed) {
             crate::admin::create_compacted_topic(&self.config, self.checkpoints.topic()).await?;
             self.checkpoints_created.store(true, Relaxed);
@@ -234,7 +235,7 @@ impl DeadLetterSink for KafkaDeadLetterSink {
         let saved = self
             .checkpoints
             .send_one(&OutgoingMessage {
-                key: Some(Bytes::copy_from_slice(group.as_bytes())),
+                key: Some(Bytes::from(checkpoint_key(group, part))),
                 payload: checkpoint,
                 headers: Headers::new(),
             })
@@ -251,6 +252,15 @@ impl DeadLetterSink for KafkaDeadLetterSink {
 /// record per group.
 pub fn checkpoint_topic(dead_letter_topic: &str) -> String {
     format!("{dead_letter_topic}.parking")
+}
+
+/// The key of part `part` of `group`'s checkpoint: the group's name, and for the parts after
+/// the first a NUL and the part's number (no group's name makes another's part).
+fn checkpoint_key(group: &str, part: u32) -> Vec<u8> {
+    match part {
+        0 => group.as_bytes().to_vec(),
+        n => format!("{group}\0{n}").into_bytes(),
+    }
 }
 
 /// Reading the dead-letter topic back fails when no record arrived for this long before its end

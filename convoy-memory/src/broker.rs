@@ -245,7 +245,7 @@ pub(crate) struct Joining {
 struct State {
     topics: HashMap<String, Topic>,
     /// Checkpoints of parked keys, by dead-letter topic and group.
-    checkpoints: HashMap<(String, String), Bytes>,
+    checkpoints: HashMap<(String, String, u32), Bytes>,
     groups: HashMap<String, Group>,
     members: HashMap<u64, Member>,
     next_member: u64,
@@ -409,18 +409,18 @@ impl MemoryBroker {
         (records, next)
     }
 
-    /// Keeps `checkpoint` as `group`'s latest for dead-letter topic `topic`.
-    pub fn save_checkpoint(&self, topic: &str, group: &str, checkpoint: Bytes) {
+    /// Keeps `checkpoint` as part `part` of `group`'s latest for dead-letter topic `topic`.
+    pub fn save_checkpoint(&self, topic: &str, group: &str, part: u32, checkpoint: Bytes) {
         self.state()
             .checkpoints
-            .insert((topic.to_owned(), group.to_owned()), checkpoint);
+            .insert((topic.to_owned(), group.to_owned(), part), checkpoint);
     }
 
-    /// `group`'s latest checkpoint for dead-letter topic `topic`.
-    pub fn load_checkpoint(&self, topic: &str, group: &str) -> Option<Bytes> {
+    /// Part `part` of `group`'s latest checkpoint for dead-letter topic `topic`.
+    pub fn load_checkpoint(&self, topic: &str, group: &str, part: u32) -> Option<Bytes> {
         self.state()
             .checkpoints
-            .get(&(topic.to_owned(), group.to_owned()))
+            .get(&(topic.to_owned(), group.to_owned(), part))
             .cloned()
     }
 

@@ -245,12 +245,12 @@ impl DeadLetterSink for MemoryDeadLetterSink {
         })
     }
 
-    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
-        Ok(self.broker.load_checkpoint(&self.topic, group))
+    async fn load_checkpoint(&self, group: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
+        Ok(self.broker.load_checkpoint(&self.topic, group, part))
     }
 
-    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
-        self.broker.save_checkpoint(&self.topic, group, checkpoint);
+    async fn save_checkpoint(&self, group: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
+        self.broker.save_checkpoint(&self.topic, group, part, checkpoint);
         Ok(())
     }
 }

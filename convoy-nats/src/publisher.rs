@@ -287,12 +287,13 @@ impl DeadLetterSink for NatsDeadLetterSink {
         })
     }
 
-    /// From the group's watermark bucket, key `parking.<stream>`.
-    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+    /// From the group's watermark bucket, key `parking.<stream>` (part 0) or
+    /// `parking.<stream>.<part>`.
+    async fn load_checkpoint(&self, group: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
         let connected = self.publisher.connection().await?;
         let store = topology::open_watermarks(&connected.js, &self.publisher.config, group).await?;
         let entry = store
-            .entry(self.checkpoint_key())
+            .entry(self.checkpoint_key(part))
             .await
             .map_err(|e| nats_error("reading the parked keys' checkpoint", e))?;
         Ok(entry
@@ -301,12 +302,12 @@ impl DeadLetterSink for NatsDeadLetterSink {
     }
 
     /// Into the group's watermark bucket (a value is at most the server's max_payload, 1 MB by
-    /// default: a larger checkpoint fails to save, and read-backs read further back).
-    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+    /// default: each part is half that).
+    async fn save_checkpoint(&self, group: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
         let connected = self.publisher.connection().await?;
         let store = topology::open_watermarks(&connected.js, &self.publisher.config, group).await?;
         store
-            .put(self.checkpoint_key(), checkpoint)
+            .put(self.checkpoint_key(part), checkpoint)
             .await
             .map_err(|e| nats_error("saving the parked keys' checkpoint", e))?;
         Ok(())
@@ -314,8 +315,12 @@ impl DeadLetterSink for NatsDeadLetterSink {
 }
 
 impl NatsDeadLetterSink {
-    /// The checkpoint's key in a group's watermark bucket.
-    fn checkpoint_key(&self) -> String {
-        format!("parking.{}", topology::stream_name(&self.publisher.target))
+    /// The key of the checkpoint's part `part` in a group's watermark bucket.
+    fn checkpoint_key(&self, part: u32) -> String {
+        let stream = topology::stream_name(&self.publisher.target);
+        match part {
+            0 => format!("parking.{stream}"),
+            n => format!("parking.{stream}.{n}"),
+        }
     }
 }

@@ -113,21 +113,21 @@ impl DeadLetterSink for FaultySink {
         self.inner.read_back_after(mark).await
     }
 
-    async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+    async fn load_checkpoint(&self, group: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
         self.pass(|f| f.read_back_hangs, |f| f.read_back_fails, "reads")
             .await?;
-        self.inner.load_checkpoint(group).await
+        self.inner.load_checkpoint(group, part).await
     }
 
     /// A checkpoint is a write: it fails (and hangs) when publishing does.
-    async fn save_checkpoint(&self, group: &str, checkpoint: Bytes) -> Result<(), TransportError> {
+    async fn save_checkpoint(&self, group: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
         self.pass(|f| f.publish_hangs, |f| f.publish_fails, "writes")
             .await?;
-        self.inner.save_checkpoint(group, checkpoint).await?;
-        self.shared
-            .ledger()
-            .trace
-            .event(format_args!("m{} saves a parked keys' checkpoint", self.member));
+        self.inner.save_checkpoint(group, part, checkpoint).await?;
+        self.shared.ledger().trace.event(format_args!(
+            "m{} saves part {part} of a parked keys' checkpoint",
+            self.member
+        ));
         Ok(())
     }
 }

@@ -22,7 +22,10 @@ use convoy_core::{
 };
 
 use crate::checker::{CheckReport, OrderChecker};
-pub use crate::parking::{parked_key_waits_for_its_replay, parked_keys_read_back_from_a_checkpoint};
+pub use crate::parking::{
+    checkpoint_parts_are_kept_apart_at_full_size, parked_key_waits_for_its_replay,
+    parked_keys_read_back_from_a_checkpoint,
+};
 use crate::probe::{
     self, decode_seq, probe_key, BatchLog, BatchProbe, FaultPlan, Latency, ProbeHandler, RecordingSink,
 };
@@ -143,6 +146,7 @@ macro_rules! conformance_tests {
             newest_offsets_cover_what_was_received,
             parked_key_waits_for_its_replay,
             parked_keys_read_back_from_a_checkpoint,
+            checkpoint_parts_are_kept_apart_at_full_size,
             transform_outputs_follow_their_inputs,
         );
     };

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use convoy_core::parking::{replay_key, ParkedKeys, DL_PARK_ID};
+use convoy_core::parking::{replay_key, ParkedKeys, CHECKPOINT_PART_BYTES, DL_PARK_ID};
 use convoy_core::{
     DeadLetter, DeadLetterCause, DeadLetterReason, Delivery, EngineHandle, Handler, HandlerError, Headers,
     Message, OutgoingMessage, Publisher, SourceId, TransportError,
@@ -274,5 +274,53 @@ pub async fn parked_keys_read_back_from_a_checkpoint(target: &dyn ConformanceTar
         waiting(&second.keys),
         waiting(&parked_keys(bed.as_ref()).await),
         "what a whole read knows"
+    );
+}
+
+/// The checkpoint store keeps each part of a group's checkpoint apart, at the full size a part
+/// may have ([`CHECKPOINT_PART_BYTES`] and its frame), each replacing the last saved under its
+/// number: what a checkpoint in parts rests on (a hot key parked for hours outgrows one value).
+pub async fn checkpoint_parts_are_kept_apart_at_full_size(target: &dyn ConformanceTarget) {
+    let bed = conformance::bed(target, 1).await;
+    let (sink, group) = (bed.dead_letter_sink(), bed.group().to_owned());
+    let other = format!("{group}-other");
+    let mut rng = fastrand::Rng::with_seed(38);
+    // Incompressible, as a deflated checkpoint is.
+    let mut noise = |len: usize| Bytes::from((0..len).map(|_| rng.u8(..)).collect::<Vec<u8>>());
+    let full = CHECKPOINT_PART_BYTES + 16;
+    let parts: Vec<Bytes> = (0..3).map(|_| noise(full)).collect();
+    for (part, bytes) in parts.iter().enumerate().rev() {
+        sink.save_checkpoint(&group, part as u32, bytes.clone())
+            .await
+            .expect("a part saved");
+    }
+    let others = noise(100);
+    sink.save_checkpoint(&other, 0, others.clone())
+        .await
+        .expect("another group's checkpoint saved");
+    for (part, bytes) in parts.iter().enumerate() {
+        let loaded = sink
+            .load_checkpoint(&group, part as u32)
+            .await
+            .expect("a part loaded");
+        assert!(loaded.as_ref() == Some(bytes), "part {part} as saved");
+    }
+    assert_eq!(
+        sink.load_checkpoint(&group, 3).await.expect("a part loaded"),
+        None,
+        "no part never saved"
+    );
+    let newer = noise(full);
+    sink.save_checkpoint(&group, 1, newer.clone())
+        .await
+        .expect("a part saved again");
+    let loaded = sink.load_checkpoint(&group, 1).await.expect("a part loaded");
+    assert!(loaded == Some(newer), "the latest save of a part");
+    let loaded = sink.load_checkpoint(&group, 0).await.expect("a part loaded");
+    assert!(loaded.as_ref() == Some(&parts[0]), "the other parts untouched");
+    assert_eq!(
+        sink.load_checkpoint(&other, 0).await.expect("a part loaded"),
+        Some(others),
+        "each group's own"
     );
 }

@@ -46,7 +46,7 @@ async fn an_engine_that_wrote_enough_records_saves_a_checkpoint_the_next_one_rea
     let publisher = connection.publisher("ledger").unwrap();
     let first = engine(handled.clone()).start(&connection).await.unwrap();
     assert_eq!(
-        broker.load_checkpoint(&dlq, "billing"),
+        broker.load_checkpoint(&dlq, "billing", 0),
         None,
         "nothing written yet"
     );
@@ -66,7 +66,7 @@ async fn an_engine_that_wrote_enough_records_saves_a_checkpoint_the_next_one_rea
     // Saved on one of the engine's next ticks (virtual time: a minute is plenty).
     let mut checkpoint = None;
     for _ in 0..1200 {
-        checkpoint = broker.load_checkpoint(&dlq, "billing");
+        checkpoint = broker.load_checkpoint(&dlq, "billing", 0);
         if checkpoint.is_some() {
             break;
         }

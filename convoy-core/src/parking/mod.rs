@@ -52,13 +52,17 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::dead_letter::{
-    replay_message, DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, ReadMark, DL_CAUSE,
-    DL_GROUP, DL_OFFSET, DL_SOURCE,
+    replay_message, DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, DL_CAUSE, DL_GROUP,
+    DL_OFFSET, DL_SOURCE,
 };
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
 use crate::transport::{Publisher, Receipt, TransportError};
 
+mod checkpoint;
 mod unpark;
+
+use checkpoint::Checkpoint;
+pub use checkpoint::{checkpoint_group, CHECKPOINT_PART_BYTES};
 
 pub use crate::header_names::{DL_OF, DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_OF_PART, REPLAY_PART};
 
@@ -565,10 +569,7 @@ impl ParkedKeys {
         checkpoint_after: usize,
         delivered_no_more: &(dyn Fn(&Position) -> bool + Sync),
     ) -> Result<CaughtUp, TransportError> {
-        let checkpoint = match sink.load_checkpoint(group).await? {
-            Some(bytes) => Checkpoint::decode(group, &bytes),
-            None => None,
-        };
+        let checkpoint = Checkpoint::load(sink, group).await?;
         let from_checkpoint = checkpoint.is_some();
         let (mut keys, mark) = match checkpoint {
             Some(c) => (c.keys, Some(c.mark)),
@@ -585,9 +586,8 @@ impl ParkedKeys {
         let read = tail.records.len();
         let mut saved = false;
         if let Some(mark) = tail.mark.filter(|_| read >= checkpoint_after) {
-            let bytes = Checkpoint::encode(group, &mark, &keys);
-            match sink.save_checkpoint(group, bytes).await {
-                Ok(()) => saved = true,
+            match Checkpoint::save(sink, group, &mark, &keys).await {
+                Ok(_) => saved = true,
                 Err(e) => {
                     tracing::warn!(error = %e, read, "cannot save the parked keys' checkpoint: the next read-back reads this far back again")
                 }
@@ -688,85 +688,6 @@ pub struct CaughtUp {
 enum Payloads {
     Keep,
     Drop,
-}
-
-/// A group's parked keys as folded up to a mark of its destination.
-#[derive(Serialize, Deserialize)]
-struct Checkpoint {
-    /// The format's version: another one is ignored (read from the start instead).
-    version: u32,
-    group: String,
-    mark: ReadMark,
-    keys: ParkedKeys,
-}
-
-/// How hard a checkpoint is deflated (of miniz's 0–10): most of what the best level saves, at a
-/// fraction of its time.
-const DEFLATE_LEVEL: u8 = 3;
-
-/// Most bytes a checkpoint inflates to: far beyond any saved (a store's value holds ~1 MB
-/// deflated), short of exhausting memory on a corrupt one.
-const INFLATED_LIMIT: usize = 1 << 30;
-
-impl Checkpoint {
-    /// 2: deflated JSON (1: plain JSON).
-    const VERSION: u32 = 2;
-
-    fn encode(group: &str, mark: &ReadMark, keys: &ParkedKeys) -> Bytes {
-        #[derive(Serialize)]
-        struct Borrowed<'a> {
-            version: u32,
-            group: &'a str,
-            mark: &'a ReadMark,
-            keys: &'a ParkedKeys,
-        }
-        let checkpoint = Borrowed {
-            version: Checkpoint::VERSION,
-            group,
-            mark,
-            keys,
-        };
-        // Serializing maps, sets, strings and numbers cannot fail.
-        let json = serde_json::to_vec(&checkpoint).unwrap_or_default();
-        // Deflated: a parked key's records are ids and positions much alike, and the stores
-        // bound a value (Kafka's and NATS's 1 MB by default).
-        Bytes::from(miniz_oxide::deflate::compress_to_vec(&json, DEFLATE_LEVEL))
-    }
-
-    /// The checkpoint in `bytes`, if it is one of this version for `group` (anything else is
-    /// ignored, logged: the read starts from the beginning).
-    fn decode(group: &str, bytes: &[u8]) -> Option<Checkpoint> {
-        // A checkpoint that does not inflate is read as it is: an older version's is plain JSON.
-        let inflated = miniz_oxide::inflate::decompress_to_vec_with_limit(bytes, INFLATED_LIMIT);
-        let json = inflated.as_deref().unwrap_or(bytes);
-        match serde_json::from_slice::<Checkpoint>(json) {
-            Ok(mut c) if c.version == Checkpoint::VERSION && c.group == group => {
-                c.keys.keys.values_mut().for_each(KeyParking::reindex);
-                Some(c)
-            }
-            Ok(c) => {
-                tracing::warn!(version = c.version, group = %c.group, "ignoring a parked keys' checkpoint of another version or group; reading the dead-letter destination from its start");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "ignoring an unreadable parked keys' checkpoint; reading the dead-letter destination from its start");
-                None
-            }
-        }
-    }
-}
-
-/// The group a saved checkpoint ([`DeadLetterSink::save_checkpoint`]) is of, if it is one of
-/// this version: what a store holds is deflated, not readable as it is.
-pub fn checkpoint_group(checkpoint: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Head {
-        version: u32,
-        group: String,
-    }
-    let json = miniz_oxide::inflate::decompress_to_vec_with_limit(checkpoint, INFLATED_LIMIT).ok()?;
-    let head: Head = serde_json::from_slice(&json).ok()?;
-    (head.version == Checkpoint::VERSION).then_some(head.group)
 }
 
 /// Maps keyed by `Bytes` (keys need not be UTF-8), as a list of pairs.
@@ -1118,6 +1039,7 @@ fn parse_position(text: &str) -> Option<Position> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dead_letter::ReadMark;
 
     /// The records of a dead-letter destination: each at its own offset of `t.dlq/0`.
     #[derive(Default)]
@@ -1300,7 +1222,8 @@ mod tests {
     /// A destination read from marks (offsets of `t.dlq/0`), with a checkpoint store.
     struct Marked {
         records: std::sync::Mutex<Vec<Message>>,
-        checkpoint: std::sync::Mutex<Option<Bytes>>,
+        /// The checkpoint's parts.
+        checkpoint: std::sync::Mutex<BTreeMap<u32, Bytes>>,
         /// Records each read returned.
         reads: std::sync::Mutex<Vec<usize>>,
     }
@@ -1312,6 +1235,15 @@ mod tests {
                 checkpoint: std::sync::Mutex::default(),
                 reads: std::sync::Mutex::default(),
             }
+        }
+
+        /// The bytes of the checkpoint's parts (the head's count names them).
+        fn checkpoint_bytes(&self) -> usize {
+            let parts = self.checkpoint.lock().unwrap();
+            let count = parts
+                .get(&0)
+                .map_or(0, |head| u32::from_le_bytes(head[12..16].try_into().unwrap()));
+            (0..count).map(|p| parts[&p].len()).sum()
         }
     }
 
@@ -1344,13 +1276,13 @@ mod tests {
             })
         }
 
-        async fn load_checkpoint(&self, group: &str) -> Result<Option<Bytes>, TransportError> {
+        async fn load_checkpoint(&self, group: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
             assert_eq!(group, "g");
-            Ok(self.checkpoint.lock().unwrap().clone())
+            Ok(self.checkpoint.lock().unwrap().get(&part).cloned())
         }
 
-        async fn save_checkpoint(&self, _: &str, checkpoint: Bytes) -> Result<(), TransportError> {
-            *self.checkpoint.lock().unwrap() = Some(checkpoint);
+        async fn save_checkpoint(&self, _: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
+            self.checkpoint.lock().unwrap().insert(part, checkpoint);
             Ok(())
         }
     }
@@ -1443,17 +1375,18 @@ mod tests {
     async fn a_checkpoint_of_another_group_or_version_is_ignored() {
         let d = history();
         let sink = Marked::new(&d.0);
-        *sink.checkpoint.lock().unwrap() = Some(Checkpoint::encode(
-            "other",
-            &ReadMark("0:9".into()),
-            &ParkedKeys::default(),
-        ));
-        let saved = sink.checkpoint.lock().unwrap().clone().unwrap();
+        Checkpoint::save(&sink, "other", &ReadMark("0:9".into()), &ParkedKeys::default())
+            .await
+            .unwrap();
+        let saved = sink.checkpoint.lock().unwrap()[&0].clone();
         assert_eq!(checkpoint_group(&saved).as_deref(), Some("other"));
         let caught_up = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
         assert!(!caught_up.from_checkpoint);
         assert_eq!(caught_up.read, d.0.len(), "read from the start");
-        *sink.checkpoint.lock().unwrap() = Some(Bytes::from_static(b"{not json"));
+        sink.checkpoint
+            .lock()
+            .unwrap()
+            .insert(0, Bytes::from_static(b"{not json"));
         let caught_up = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
         assert_eq!(summary(&caught_up.keys), summary(&ParkedKeys::read("g", &d.0)));
     }
@@ -1499,16 +1432,15 @@ mod tests {
             2 * CHECKPOINT_AFTER - 1,
             "the stretch since the last checkpoint (and the one the last read read)"
         );
-        let checkpoint = sink.checkpoint.lock().unwrap().clone().unwrap();
+        let checkpoint = sink.checkpoint_bytes();
         assert!(
-            checkpoint.len() < 10_000,
-            "a checkpoint of ten keys: {} bytes",
-            checkpoint.len()
+            checkpoint < 10_000,
+            "a checkpoint of ten keys: {checkpoint} bytes"
         );
     }
 
     #[tokio::test]
-    async fn a_checkpoint_of_a_key_holding_24_000_records_fits_a_record() {
+    async fn a_checkpoint_of_a_key_holding_24_000_records_is_saved_in_parts() {
         // A hot key parked under load: 24,000 messages with convoy's event ids set aside
         // between other keys' dead letters, half of them taken by a replay (their ids are
         // remembered), half waiting.
@@ -1550,12 +1482,17 @@ mod tests {
         let sink = Marked::new(&d.0);
         let saved = ParkedKeys::catch_up("g", &sink, 1).await.unwrap();
         assert!(saved.saved);
-        let checkpoint = sink.checkpoint.lock().unwrap().clone().unwrap();
+        let checkpoint = sink.checkpoint_bytes();
         assert!(
-            checkpoint.len() < 1_000_000,
-            "within Kafka's and NATS's default bound on a value: {} bytes, {:.1} per record",
-            checkpoint.len(),
-            checkpoint.len() as f64 / 24_000.0
+            checkpoint < 45 * 24_000,
+            "{checkpoint} bytes, {:.1} per record",
+            checkpoint as f64 / 24_000.0
+        );
+        let parts = sink.checkpoint.lock().unwrap().clone();
+        assert_eq!(parts.len(), 2, "974 KB in two parts");
+        assert!(
+            parts.values().all(|p| p.len() <= CHECKPOINT_PART_BYTES + 16),
+            "each part within Kafka's and NATS's default bound on a value"
         );
         let read = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
         assert!(read.from_checkpoint && read.read == 0);
@@ -1573,12 +1510,12 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(forgot.forgotten, 24_000);
-        let compact = sink.checkpoint.lock().unwrap().clone().unwrap();
+        let compact = sink.checkpoint_bytes();
+        eprintln!("{checkpoint} bytes, then {compact} once every id is forgotten");
         assert!(
-            compact.len() * 2 < checkpoint.len(),
-            "{} bytes, {:.1} per record",
-            compact.len(),
-            compact.len() as f64 / 24_000.0
+            compact * 2 < checkpoint,
+            "{compact} bytes, {:.1} per record",
+            compact as f64 / 24_000.0
         );
         assert_eq!(forgot.keys.get(b"hot").unwrap().pending(), 12_000);
     }
