@@ -92,16 +92,21 @@ pub async fn delete_dead_letter_stream(config: &AmqpConfig, name: &str) -> Resul
     on_admin_connection(config, async |connection| delete_queue_on(connection, name).await).await
 }
 
-/// Deletes `group`'s parked keys' checkpoint of the dead-letter stream `stream`, if any: each
-/// of its parts (a save writes parts 1, 2, … up to its count, so they run without a gap).
+/// Deletes `group`'s parked keys' checkpoint of the dead-letter stream `stream`, if any: its
+/// head and the parts of both its slots (a save writes its slot's parts from the first on, so
+/// the odd numbers run without a gap, and the even ones).
 pub async fn delete_checkpoint(config: &AmqpConfig, stream: &str, group: &str) -> Result<(), TransportError> {
     on_admin_connection(config, async |connection| {
-        for part in 0.. {
+        let mut slots_ended = [false; 2];
+        for part in 0u32.. {
             let queue = crate::checkpoint::queue(stream, group, part);
-            match topology::exists(connection, false, &queue).await? {
-                true => delete_queue_on(connection, &queue).await?,
-                false if part == 0 => continue,
-                false => break,
+            if topology::exists(connection, false, &queue).await? {
+                delete_queue_on(connection, &queue).await?;
+            } else if part > 0 {
+                slots_ended[(part % 2) as usize] = true;
+                if slots_ended == [true, true] {
+                    break;
+                }
             }
         }
         Ok(())

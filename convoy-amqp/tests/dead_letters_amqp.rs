@@ -67,3 +67,31 @@ async fn readers_of_one_checkpoint_at_once_each_find_it() {
         }
     }
 }
+
+/// Deleting a group's checkpoint (`topic delete` of a dead-letter stream) deletes every part of
+/// it: the head and both slots' parts (odd and even numbers, each run without a gap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_checkpoint_deletes_all_its_parts() {
+    use convoy_core::DeadLetterSink;
+    let Some(uri) = common::uri() else {
+        return;
+    };
+    let bed = common::AmqpBed::new(&uri, 1).await;
+    let sink = convoy_amqp::AmqpDeadLetterSink::new(&bed.config);
+    // Slot 0 holds three parts (1, 3, 5), slot 1 one (2): 4 is missing, 5 is not.
+    let parts = [0, 1, 2, 3, 5];
+    for part in parts {
+        let bytes = bytes::Bytes::from(format!("part {part}"));
+        sink.save_checkpoint("g", part, bytes).await.unwrap();
+    }
+    convoy_amqp::admin::delete_checkpoint(&bed.config, &bed.config.dlq_topic(), "g")
+        .await
+        .unwrap();
+    for part in parts {
+        assert_eq!(
+            sink.load_checkpoint("g", part).await.unwrap(),
+            None,
+            "part {part}"
+        );
+    }
+}

@@ -101,8 +101,7 @@ pub async fn measure(
     let started = Instant::now();
     let caught_up = ParkedKeys::catch_up(group, &*sink, shape.checkpoint_after).await?;
     let read_time = started.elapsed();
-    // A few parked keys' checkpoint: one part.
-    let checkpoint = sink.load_checkpoint(group, 0).await?.map_or(0, |c| c.len());
+    let checkpoint = convoy_core::parking::checkpoint_bytes(group, &*sink).await?;
 
     let started = Instant::now();
     // The baseline may fail where the checkpoint does not (RabbitMQ's whole read has a time

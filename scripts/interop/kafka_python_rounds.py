@@ -21,6 +21,20 @@ def connect(bootstrap: str) -> KafkaProducer:
                          max_block_ms=5000)
 
 
+def abandon(producer: KafkaProducer) -> None:
+    """Closes the producer of a failed round without waiting for its sends (the round is sent
+    again whole). kafka-python's close flushes first and raises when that times out, leaving its
+    sender thread running (a late send of the old round could land after the next one) and its
+    __del__ to try again, printing a traceback: the sender is stopped and the producer marked
+    closed here instead."""
+    try:
+        producer.close(timeout=1)
+    except Exception:
+        if producer._sender is not None:
+            producer._sender.force_close()
+        producer._closed = True
+
+
 def main() -> None:
     bootstrap, topic, _partitions, keys, pause_ms, stop = (
         sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
@@ -41,11 +55,8 @@ def main() -> None:
             if failures == 1 or failures % 25 == 0:
                 print(f"round {round_} failed ({failures}x; {type(e).__name__}: {e}); sending it again",
                       file=sys.stderr, flush=True)
-            try:
-                if producer is not None:
-                    producer.close(timeout=1)
-            except Exception:
-                pass
+            if producer is not None:
+                abandon(producer)
             producer = None
             time.sleep(0.2)
             continue
@@ -54,7 +65,7 @@ def main() -> None:
         time.sleep(pause_ms / 1000)
     print("done", flush=True)
     if producer is not None:
-        producer.close(timeout=5)
+        abandon(producer)
 
 
 main()

@@ -2,24 +2,26 @@
 //! deflated JSON, saved in parts a store's value holds (Kafka's and NATS's are 1 MB by
 //! default; a hot key parked for hours outgrows one).
 //!
-//! Each part is framed: a magic, a checksum of the whole deflated checkpoint, and, in part 0
-//! (the *head*), how many parts there are — in the others, their index. A save writes the
-//! other parts first and the head last, so a head names parts already saved. Two members
-//! saving at once may leave a head beside another save's parts: the checksums disagree, the
-//! load is tried again, and a checkpoint that stays torn is ignored (the read starts from the
-//! destination's beginning; the next save mends it). Parts beyond the head's count are stale
-//! leftovers of a larger checkpoint, never read.
+//! Part 0 is the *head*: a directory naming the checkpoint's data parts — how many, in which of
+//! two *slots* they are stored, and a checksum of the whole — and the checkpoint before it the
+//! same way. Each data part is framed with the checksum and its index. A save writes its data
+//! parts into the slot the checkpoint it read does not use, then the head: a save that fails
+//! half-way, or two members saving at once, never overwrite the parts of the checkpoint they
+//! replace. A load checks every part against the head's checksum; a head whose parts another
+//! save overwrote (three saves at once) is *torn*, and its previous checkpoint is read instead
+//! (older: the read after it reads further). If both are torn the load is tried again, then the
+//! destination is read from its start (logged; the next save mends the store).
 
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use super::{KeyParking, ParkedKeys};
 use crate::dead_letter::{DeadLetterSink, ReadMark};
 use crate::transport::TransportError;
 
-/// Most bytes of deflated checkpoint one part holds (its frame adds [`FRAME`]): half of the
+/// Most bytes of deflated checkpoint one data part holds (its frame adds 16): half of the
 /// smallest default bound on a store's value, leaving room for the record's own overhead.
 pub const CHECKPOINT_PART_BYTES: usize = 512 * 1024;
 
@@ -44,7 +46,7 @@ const INFLATED_LIMIT: usize = 1 << 30;
 /// The first bytes of every part: "cvp" and the format's version.
 const MAGIC: [u8; 4] = *b"cvp\x03";
 
-/// A part's frame: [`MAGIC`], the checksum (u64) and the count or index (u32), little-endian.
+/// A data part's frame: [`MAGIC`], the checksum (u64) and its index (u32), little-endian.
 const FRAME: usize = 16;
 
 /// Loads of a torn checkpoint before it is ignored, and the pause after each (times its
@@ -52,47 +54,65 @@ const FRAME: usize = 16;
 const LOAD_ATTEMPTS: u32 = 3;
 const TORN_PAUSE: Duration = Duration::from_millis(100);
 
+/// Where a checkpoint's data parts are: what a head names, for the checkpoint and the one
+/// before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Parts {
+    /// The checksum of the whole deflated checkpoint.
+    sum: u64,
+    /// How many data parts (at least one).
+    count: u32,
+    /// The slot they are stored in: 0 or 1.
+    slot: u8,
+}
+
+impl Parts {
+    /// The store's number of data part `index` (from 1): the slots interleave.
+    fn number(&self, index: u32) -> u32 {
+        index
+            .saturating_mul(2)
+            .saturating_sub(1)
+            .saturating_add(u32::from(self.slot))
+    }
+}
+
+/// A checkpoint as loaded: the parked keys, and the head it was read from (the next save
+/// stores its parts in the other slot and names it as its previous).
+pub(super) struct Loaded {
+    pub(super) checkpoint: Option<Checkpoint>,
+    pub(super) head: Option<Parts>,
+}
+
 impl Checkpoint {
     /// 3: deflated JSON in framed parts (2: deflated JSON in one value; 1: plain JSON).
     const VERSION: u32 = 3;
 
-    /// Saves `group`'s parked keys as folded up to `mark`, in as many parts as it takes.
-    /// Returns how many.
+    /// Saves `group`'s parked keys as folded up to `mark`, in as many data parts as it takes,
+    /// beside `replaced` (the head the read-back loaded). Returns how many.
     pub(super) async fn save(
         sink: &dyn DeadLetterSink,
         group: &str,
         mark: &ReadMark,
         keys: &ParkedKeys,
-    ) -> Result<usize, TransportError> {
-        save_parts(
-            sink,
-            group,
-            &Checkpoint::encode(group, mark, keys),
-            CHECKPOINT_PART_BYTES,
-        )
-        .await
+        replaced: Option<Parts>,
+    ) -> Result<u32, TransportError> {
+        let deflated = Checkpoint::encode(group, mark, keys);
+        save_parts(sink, group, &deflated, CHECKPOINT_PART_BYTES, replaced).await
     }
 
     /// `group`'s last checkpoint, if one of this version for `group` is saved whole (anything
     /// else is ignored, logged: the read starts from the destination's beginning).
-    pub(super) async fn load(
-        sink: &dyn DeadLetterSink,
-        group: &str,
-    ) -> Result<Option<Checkpoint>, TransportError> {
-        for attempt in 1..=LOAD_ATTEMPTS {
-            match load_parts(sink, group).await? {
-                Loaded::None => return Ok(None),
-                Loaded::Whole(deflated) => return Ok(Checkpoint::decode(group, &deflated)),
-                Loaded::Foreign => {
-                    tracing::warn!("ignoring a parked keys' checkpoint of another version; reading the dead-letter destination from its start");
-                    return Ok(None);
-                }
-                Loaded::Torn if attempt < LOAD_ATTEMPTS => tokio::time::sleep(TORN_PAUSE * attempt).await,
-                Loaded::Torn => {}
-            }
-        }
-        tracing::warn!("the parked keys' checkpoint stays torn (members saved it at once, or a save failed half-way); reading the dead-letter destination from its start");
-        Ok(None)
+    pub(super) async fn load(sink: &dyn DeadLetterSink, group: &str) -> Result<Loaded, TransportError> {
+        Ok(match load_deflated(sink, group).await? {
+            Some((deflated, head)) => Loaded {
+                checkpoint: Checkpoint::decode(group, &deflated),
+                head: Some(head),
+            },
+            None => Loaded {
+                checkpoint: None,
+                head: None,
+            },
+        })
     }
 
     fn encode(group: &str, mark: &ReadMark, keys: &ParkedKeys) -> Vec<u8> {
@@ -141,101 +161,136 @@ impl Checkpoint {
     }
 }
 
-/// The group a checkpoint saved in one part ([`DeadLetterSink::save_checkpoint`]'s part 0) is
-/// of, if it is one of this version: what a store holds is framed and deflated, not readable as
-/// it is.
-pub fn checkpoint_group(head: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Head {
-        version: u32,
-        group: String,
+/// The latest whole checkpoint the head names (its own, or the one before it), deflated, and
+/// where its parts are.
+pub(super) async fn load_deflated(
+    sink: &dyn DeadLetterSink,
+    group: &str,
+) -> Result<Option<(Vec<u8>, Parts)>, TransportError> {
+    for attempt in 1..=LOAD_ATTEMPTS {
+        let Some(head) = sink.load_checkpoint(group, 0).await? else {
+            return Ok(None);
+        };
+        let Some((latest, previous)) = read_head(&head) else {
+            tracing::warn!("ignoring a parked keys' checkpoint of another version; reading the dead-letter destination from its start");
+            return Ok(None);
+        };
+        if let Some(parts) = latest {
+            if let Some(deflated) = load_parts(sink, group, parts).await? {
+                return Ok(Some((deflated, parts)));
+            }
+        }
+        if let Some(parts) = previous {
+            if let Some(deflated) = load_parts(sink, group, parts).await? {
+                tracing::info!("the parked keys' latest checkpoint is torn (members saved it at once): reading from the one before it");
+                return Ok(Some((deflated, parts)));
+            }
+        }
+        if attempt < LOAD_ATTEMPTS {
+            tokio::time::sleep(TORN_PAUSE * attempt).await;
+        }
     }
-    let (_, 1, body) = unframe(head)? else {
-        return None;
-    };
-    let json = miniz_oxide::inflate::decompress_to_vec_with_limit(body, INFLATED_LIMIT).ok()?;
-    let head: Head = serde_json::from_slice(&json).ok()?;
-    (head.version == Checkpoint::VERSION).then_some(head.group)
+    tracing::warn!("the parked keys' checkpoint and the one before it stay torn (members saved them at once); reading the dead-letter destination from its start");
+    Ok(None)
 }
 
-/// Saves `deflated` in parts of at most `part_bytes`, the head last. Returns how many.
+/// Saves `deflated` in data parts of at most `part_bytes` in the slot `replaced` does not use,
+/// then the head naming them and `replaced`. Returns how many data parts.
 async fn save_parts(
     sink: &dyn DeadLetterSink,
     group: &str,
     deflated: &[u8],
     part_bytes: usize,
-) -> Result<usize, TransportError> {
-    let sum = checksum(deflated);
-    let bodies: Vec<&[u8]> = deflated.chunks(part_bytes.max(1)).collect();
-    let count = bodies.len().max(1);
-    for (index, body) in bodies.iter().enumerate().skip(1).rev() {
-        sink.save_checkpoint(group, part_number(index), frame(sum, part_number(index), body))
+    replaced: Option<Parts>,
+) -> Result<u32, TransportError> {
+    let mut bodies: Vec<&[u8]> = deflated.chunks(part_bytes.max(1)).collect();
+    if bodies.is_empty() {
+        bodies.push(&[]);
+    }
+    let parts = Parts {
+        sum: checksum(deflated),
+        count: u32::try_from(bodies.len()).unwrap_or(u32::MAX),
+        slot: replaced.map_or(0, |r| 1 - r.slot),
+    };
+    for (index, body) in (1..=parts.count).zip(&bodies) {
+        let mut part = BytesMut::with_capacity(FRAME + body.len());
+        part.put_slice(&MAGIC);
+        part.put_u64_le(parts.sum);
+        part.put_u32_le(index);
+        part.put_slice(body);
+        sink.save_checkpoint(group, parts.number(index), part.freeze())
             .await?;
     }
-    let head = bodies.first().copied().unwrap_or_default();
-    sink.save_checkpoint(group, 0, frame(sum, part_number(count), head))
+    // A replaced checkpoint in this very slot (a store that lost its head since) is not one to
+    // fall back on.
+    let previous = replaced.filter(|r| r.slot != parts.slot);
+    sink.save_checkpoint(group, 0, write_head(parts, previous))
         .await?;
-    Ok(count)
+    Ok(parts.count)
 }
 
-/// What a load of a checkpoint's parts found.
-enum Loaded {
-    /// No checkpoint saved.
-    None,
-    /// A head of another format (an older version's checkpoint).
-    Foreign,
-    /// A head and parts of different saves, or a part missing.
-    Torn,
-    /// The whole deflated checkpoint.
-    Whole(Vec<u8>),
-}
-
-async fn load_parts(sink: &dyn DeadLetterSink, group: &str) -> Result<Loaded, TransportError> {
-    let Some(head) = sink.load_checkpoint(group, 0).await? else {
-        return Ok(Loaded::None);
-    };
-    let Some((sum, count, body)) = unframe(&head) else {
-        return Ok(Loaded::Foreign);
-    };
-    let mut deflated = body.to_vec();
-    for index in 1..count {
-        let part = sink.load_checkpoint(group, index).await?;
-        match part.as_deref().and_then(unframe) {
-            Some((s, i, body)) if s == sum && i == index => deflated.extend_from_slice(body),
-            _ => return Ok(Loaded::Torn),
+/// The whole deflated checkpoint `parts` names, or `None` if it is torn (a part missing, or of
+/// another save).
+async fn load_parts(
+    sink: &dyn DeadLetterSink,
+    group: &str,
+    parts: Parts,
+) -> Result<Option<Vec<u8>>, TransportError> {
+    let mut deflated = Vec::new();
+    for index in 1..=parts.count {
+        let part = sink.load_checkpoint(group, parts.number(index)).await?;
+        match part.as_deref().and_then(read_data) {
+            Some((sum, i, body)) if sum == parts.sum && i == index => deflated.extend_from_slice(body),
+            _ => return Ok(None),
         }
     }
-    Ok(if checksum(&deflated) == sum {
-        Loaded::Whole(deflated)
-    } else {
-        Loaded::Torn
-    })
+    Ok((checksum(&deflated) == parts.sum).then_some(deflated))
 }
 
-fn frame(sum: u64, number: u32, body: &[u8]) -> Bytes {
-    let mut part = BytesMut::with_capacity(FRAME + body.len());
-    part.put_slice(&MAGIC);
-    part.put_u64_le(sum);
-    part.put_u32_le(number);
-    part.put_slice(body);
-    part.freeze()
+/// A head: [`MAGIC`], then the checkpoint's and the previous one's sum (u64), count (u32, 0 for
+/// none) and slot (u8), little-endian.
+fn write_head(parts: Parts, previous: Option<Parts>) -> Bytes {
+    let mut head = BytesMut::with_capacity(4 + 2 * 13);
+    head.put_slice(&MAGIC);
+    for p in [Some(parts), previous] {
+        let p = p.unwrap_or(Parts {
+            sum: 0,
+            count: 0,
+            slot: 0,
+        });
+        head.put_u64_le(p.sum);
+        head.put_u32_le(p.count);
+        head.put_u8(p.slot);
+    }
+    head.freeze()
 }
 
-/// A part's checksum, count or index, and body, if it is framed.
-fn unframe(part: &[u8]) -> Option<(u64, u32, &[u8])> {
-    let (frame, body) = (part.get(..FRAME)?, part.get(FRAME..)?);
-    let (magic, rest) = frame.split_at(4);
-    let (sum, number) = rest.split_at(8);
-    (magic == MAGIC).then(|| {
-        let sum = u64::from_le_bytes(sum.try_into().unwrap_or_default());
-        let number = u32::from_le_bytes(number.try_into().unwrap_or_default());
-        (sum, number, body)
-    })
+/// The parts a head names and its previous checkpoint's, if it is a head of this version.
+fn read_head(mut head: &[u8]) -> Option<(Option<Parts>, Option<Parts>)> {
+    if head.len() != 4 + 2 * 13 || head[..4] != MAGIC {
+        return None;
+    }
+    head = &head[4..];
+    let mut named = [None, None];
+    for slot in &mut named {
+        let parts = Parts {
+            sum: head.get_u64_le(),
+            count: head.get_u32_le(),
+            slot: head.get_u8(),
+        };
+        *slot = (parts.count > 0 && parts.slot < 2).then_some(parts);
+    }
+    Some((named[0], named[1]))
 }
 
-/// A checkpoint has far fewer parts than a u32 counts (each is half a megabyte).
-fn part_number(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
+/// A data part's checksum, index and body, if it is framed.
+fn read_data(mut part: &[u8]) -> Option<(u64, u32, &[u8])> {
+    if part.len() < FRAME || part[..4] != MAGIC {
+        return None;
+    }
+    part = &part[4..];
+    let (sum, index) = (part.get_u64_le(), part.get_u32_le());
+    Some((sum, index, part))
 }
 
 /// FNV-1a, 64 bits: stable across builds and platforms (members of a group may run different
@@ -254,7 +309,7 @@ mod tests {
     use super::*;
     use crate::dead_letter::DeadLetter;
 
-    /// A store of parts, with a count of each part's saves.
+    /// A store of parts, with the order parts were saved in.
     #[derive(Default)]
     struct Store {
         parts: Mutex<BTreeMap<u32, Bytes>>,
@@ -284,64 +339,113 @@ mod tests {
         (0..len).map(|_| rng.u8(..)).collect()
     }
 
-    async fn load(store: &Store) -> Option<Vec<u8>> {
-        match load_parts(store, "g").await.unwrap() {
-            Loaded::Whole(bytes) => Some(bytes),
-            _ => None,
+    /// The head in the store.
+    fn head(store: &Store) -> (Option<Parts>, Option<Parts>) {
+        read_head(&store.parts.lock().unwrap()[&0]).unwrap()
+    }
+
+    /// What the head names, latest first, whole or torn (`None`).
+    async fn load(store: &Store) -> [Option<Vec<u8>>; 2] {
+        let (latest, previous) = head(store);
+        let mut found = [None, None];
+        for (f, parts) in found.iter_mut().zip([latest, previous]) {
+            if let Some(parts) = parts {
+                *f = load_parts(store, "g", parts).await.unwrap();
+            }
         }
+        found
     }
 
     #[tokio::test]
-    async fn a_checkpoint_is_saved_in_parts_the_head_last_and_read_back_whole() {
+    async fn a_checkpoint_is_saved_in_parts_the_head_last_each_save_in_the_other_slot() {
         let store = Store::default();
-        let big = noise(4_500, 1);
-        assert_eq!(save_parts(&store, "g", &big, 1000).await.unwrap(), 5);
-        assert_eq!(*store.saves.lock().unwrap(), [4, 3, 2, 1, 0], "the head last");
-        assert_eq!(load(&store).await, Some(big));
-        // A smaller checkpoint after it: the larger one's last parts stay, never read.
-        let small = noise(1_500, 2);
-        assert_eq!(save_parts(&store, "g", &small, 1000).await.unwrap(), 2);
-        assert_eq!(store.parts.lock().unwrap().len(), 5);
-        assert_eq!(load(&store).await, Some(small));
+        let first = noise(4_500, 1);
+        assert_eq!(save_parts(&store, "g", &first, 1000, None).await.unwrap(), 5);
+        assert_eq!(
+            *store.saves.lock().unwrap(),
+            [1, 3, 5, 7, 9, 0],
+            "slot 0, the head last"
+        );
+        assert_eq!(load(&store).await, [Some(first.clone()), None]);
+        let second = noise(1_500, 2);
+        let replaced = head(&store).0;
+        assert_eq!(save_parts(&store, "g", &second, 1000, replaced).await.unwrap(), 2);
+        assert_eq!(store.saves.lock().unwrap()[6..], [2, 4, 0], "slot 1");
+        assert_eq!(
+            load(&store).await,
+            [Some(second), Some(first)],
+            "the one before kept"
+        );
         let empty = Vec::new();
-        assert_eq!(save_parts(&store, "g", &empty, 1000).await.unwrap(), 1);
-        assert_eq!(load(&store).await, Some(empty));
+        let replaced = head(&store).0;
+        assert_eq!(save_parts(&store, "g", &empty, 1000, replaced).await.unwrap(), 1);
+        assert_eq!(load(&store).await[0], Some(empty));
     }
 
     #[tokio::test]
-    async fn a_head_beside_another_saves_parts_is_torn_and_ignored() {
+    async fn a_save_that_failed_half_way_leaves_the_checkpoint_it_replaced_whole() {
         let store = Store::default();
-        save_parts(&store, "g", &noise(2_500, 1), 1000).await.unwrap();
-        let first_head = store.parts.lock().unwrap()[&0].clone();
-        // Another member's save of the same size, then the first member's head again (it wrote
-        // its parts before the other's and its head after it).
-        save_parts(&store, "g", &noise(2_500, 2), 1000).await.unwrap();
-        store.parts.lock().unwrap().insert(0, first_head);
-        assert!(matches!(load_parts(&store, "g").await.unwrap(), Loaded::Torn));
-        // A part gone (a store that lost it) is torn too.
-        store.parts.lock().unwrap().remove(&2);
-        assert!(matches!(load_parts(&store, "g").await.unwrap(), Loaded::Torn));
+        let first = noise(2_500, 1);
+        save_parts(&store, "g", &first, 1000, None).await.unwrap();
+        let loaded = head(&store).0;
+        // Another save's data parts land, its head does not.
+        let head_before = store.parts.lock().unwrap()[&0].clone();
+        save_parts(&store, "g", &noise(2_500, 2), 1000, loaded)
+            .await
+            .unwrap();
+        store.parts.lock().unwrap().insert(0, head_before);
+        let found = load_deflated(&store, "g").await.unwrap().map(|(d, _)| d);
+        assert_eq!(found, Some(first));
+    }
+
+    #[tokio::test]
+    async fn members_saving_at_once_fall_back_on_the_checkpoint_before() {
+        let store = Store::default();
+        let first = noise(2_500, 1);
+        save_parts(&store, "g", &first, 1000, None).await.unwrap();
+        let loaded = head(&store).0;
+        // Two members read the same head and save at once: one's data parts, the other's data
+        // parts over them, then the first one's head last.
+        let (a, b) = (noise(2_500, 2), noise(2_500, 3));
+        save_parts(&store, "g", &a, 1000, loaded).await.unwrap();
+        let a_head = store.parts.lock().unwrap()[&0].clone();
+        save_parts(&store, "g", &b, 1000, loaded).await.unwrap();
+        store.parts.lock().unwrap().insert(0, a_head);
+        assert_eq!(
+            load(&store).await,
+            [None, Some(first.clone())],
+            "torn, the one before whole"
+        );
+        assert_eq!(
+            load_deflated(&store, "g").await.unwrap().map(|(d, _)| d),
+            Some(first)
+        );
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_torn_checkpoint_is_loaded_again_then_ignored() {
+    async fn a_checkpoint_torn_with_the_one_before_is_loaded_again_then_ignored() {
         let store = Store::default();
-        save_parts(&store, "g", &noise(2_500, 1), 1000).await.unwrap();
-        store.parts.lock().unwrap().remove(&1);
+        save_parts(&store, "g", &noise(2_500, 1), 1000, None)
+            .await
+            .unwrap();
+        let loaded = head(&store).0;
+        save_parts(&store, "g", &noise(2_500, 2), 1000, loaded)
+            .await
+            .unwrap();
+        store.parts.lock().unwrap().retain(|part, _| *part == 0);
         let started = tokio::time::Instant::now();
-        assert!(Checkpoint::load(&store, "g").await.unwrap().is_none());
+        assert_eq!(load_deflated(&store, "g").await.unwrap().map(|(d, _)| d), None);
         assert_eq!(started.elapsed(), TORN_PAUSE * 3, "two more loads, with pauses");
     }
 
     #[tokio::test]
     async fn a_checkpoint_of_an_older_version_is_ignored() {
         let store = Store::default();
-        // Version 2: deflated JSON, unframed.
+        // Version 2: deflated JSON in one value.
         let json = br#"{"version":2,"group":"g","mark":"0:1","keys":{"keys":[],"ended":[]}}"#;
         let old = miniz_oxide::deflate::compress_to_vec(json, DEFLATE_LEVEL);
         store.parts.lock().unwrap().insert(0, Bytes::from(old));
-        assert!(matches!(load_parts(&store, "g").await.unwrap(), Loaded::Foreign));
-        assert!(Checkpoint::load(&store, "g").await.unwrap().is_none());
+        assert_eq!(load_deflated(&store, "g").await.unwrap().map(|(d, _)| d), None);
     }
 
     #[test]

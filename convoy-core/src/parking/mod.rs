@@ -62,7 +62,7 @@ mod checkpoint;
 mod unpark;
 
 use checkpoint::Checkpoint;
-pub use checkpoint::{checkpoint_group, CHECKPOINT_PART_BYTES};
+pub use checkpoint::CHECKPOINT_PART_BYTES;
 
 pub use crate::header_names::{DL_OF, DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_OF_PART, REPLAY_PART};
 
@@ -569,7 +569,8 @@ impl ParkedKeys {
         checkpoint_after: usize,
         delivered_no_more: &(dyn Fn(&Position) -> bool + Sync),
     ) -> Result<CaughtUp, TransportError> {
-        let checkpoint = Checkpoint::load(sink, group).await?;
+        let loaded = Checkpoint::load(sink, group).await?;
+        let checkpoint = loaded.checkpoint;
         let from_checkpoint = checkpoint.is_some();
         let (mut keys, mark) = match checkpoint {
             Some(c) => (c.keys, Some(c.mark)),
@@ -586,7 +587,7 @@ impl ParkedKeys {
         let read = tail.records.len();
         let mut saved = false;
         if let Some(mark) = tail.mark.filter(|_| read >= checkpoint_after) {
-            match Checkpoint::save(sink, group, &mark, &keys).await {
+            match Checkpoint::save(sink, group, &mark, &keys, loaded.head).await {
                 Ok(_) => saved = true,
                 Err(e) => {
                     tracing::warn!(error = %e, read, "cannot save the parked keys' checkpoint: the next read-back reads this far back again")
@@ -659,6 +660,14 @@ impl ParkedKeys {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
+}
+
+/// The bytes of `group`'s checkpoint as saved in `sink` (its data parts, deflated; 0 when none
+/// is saved whole): what a read-back loads before it reads the destination's tail.
+pub async fn checkpoint_bytes(group: &str, sink: &dyn DeadLetterSink) -> Result<usize, TransportError> {
+    Ok(checkpoint::load_deflated(sink, group)
+        .await?
+        .map_or(0, |(deflated, _)| deflated.len()))
 }
 
 /// Records a read-back reads past its checkpoint before it saves a new one, by default
@@ -1237,13 +1246,9 @@ mod tests {
             }
         }
 
-        /// The bytes of the checkpoint's parts (the head's count names them).
-        fn checkpoint_bytes(&self) -> usize {
-            let parts = self.checkpoint.lock().unwrap();
-            let count = parts
-                .get(&0)
-                .map_or(0, |head| u32::from_le_bytes(head[12..16].try_into().unwrap()));
-            (0..count).map(|p| parts[&p].len()).sum()
+        /// The bytes of the checkpoint's data parts.
+        async fn checkpoint_bytes(&self) -> usize {
+            checkpoint_bytes("g", self).await.unwrap()
         }
     }
 
@@ -1375,11 +1380,15 @@ mod tests {
     async fn a_checkpoint_of_another_group_or_version_is_ignored() {
         let d = history();
         let sink = Marked::new(&d.0);
-        Checkpoint::save(&sink, "other", &ReadMark("0:9".into()), &ParkedKeys::default())
-            .await
-            .unwrap();
-        let saved = sink.checkpoint.lock().unwrap()[&0].clone();
-        assert_eq!(checkpoint_group(&saved).as_deref(), Some("other"));
+        Checkpoint::save(
+            &sink,
+            "other",
+            &ReadMark("0:9".into()),
+            &ParkedKeys::default(),
+            None,
+        )
+        .await
+        .unwrap();
         let caught_up = ParkedKeys::catch_up("g", &sink, usize::MAX).await.unwrap();
         assert!(!caught_up.from_checkpoint);
         assert_eq!(caught_up.read, d.0.len(), "read from the start");
@@ -1432,7 +1441,7 @@ mod tests {
             2 * CHECKPOINT_AFTER - 1,
             "the stretch since the last checkpoint (and the one the last read read)"
         );
-        let checkpoint = sink.checkpoint_bytes();
+        let checkpoint = sink.checkpoint_bytes().await;
         assert!(
             checkpoint < 10_000,
             "a checkpoint of ten keys: {checkpoint} bytes"
@@ -1482,14 +1491,14 @@ mod tests {
         let sink = Marked::new(&d.0);
         let saved = ParkedKeys::catch_up("g", &sink, 1).await.unwrap();
         assert!(saved.saved);
-        let checkpoint = sink.checkpoint_bytes();
+        let checkpoint = sink.checkpoint_bytes().await;
         assert!(
             checkpoint < 45 * 24_000,
             "{checkpoint} bytes, {:.1} per record",
             checkpoint as f64 / 24_000.0
         );
         let parts = sink.checkpoint.lock().unwrap().clone();
-        assert_eq!(parts.len(), 2, "974 KB in two parts");
+        assert_eq!(parts.len(), 3, "974 KB in two parts and a head");
         assert!(
             parts.values().all(|p| p.len() <= CHECKPOINT_PART_BYTES + 16),
             "each part within Kafka's and NATS's default bound on a value"
@@ -1510,7 +1519,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(forgot.forgotten, 24_000);
-        let compact = sink.checkpoint_bytes();
+        let compact = sink.checkpoint_bytes().await;
         eprintln!("{checkpoint} bytes, then {compact} once every id is forgotten");
         assert!(
             compact * 2 < checkpoint,
