@@ -137,5 +137,6 @@ async fn a_hot_parked_key_costs_an_engine_its_records() {
         mib(checkpoint as f64),
         checkpoint as f64 / RECORDS as f64,
     );
-    assert!(per_record < 450.0, "{per_record:.0} bytes a waiting record");
+    // 258 bytes a record, one allocation (its id): the names are shared (422 and five before).
+    assert!(per_record < 300.0, "{per_record:.0} bytes a waiting record");
 }

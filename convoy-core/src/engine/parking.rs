@@ -210,7 +210,7 @@ impl Parking {
         let state = self.state();
         let replaying = state.keys.get(message.ordering_key()?)?.replaying()?;
         (replaying.id == tag.id && replaying.last_of_part(tag.index, topic.as_deref()))
-            .then_some((tag, topic))
+            .then_some((tag, topic.as_deref().map(str::to_owned)))
     }
 
     /// Records a change a lane made (after the destination confirmed its record).
@@ -285,7 +285,7 @@ impl Parking {
             .map(|(source, m)| (source.to_string(), m.committed_below))
             .collect();
         let delivered_no_more =
-            |(source, offset): &Position| committed.get(source).is_some_and(|below| offset < below);
+            |(source, offset): &Position| committed.get(&**source).is_some_and(|below| offset < below);
         self.state().journal = Some(Vec::new());
         self.written.store(0, Ordering::Relaxed);
         let mut wait = Duration::from_millis(100);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use super::{KeyParking, ParkedKeys};
+use super::ParkedKeys;
 use crate::dead_letter::{DeadLetterSink, ReadMark};
 use crate::transport::TransportError;
 
@@ -146,7 +146,7 @@ impl Checkpoint {
         };
         match serde_json::from_slice::<Checkpoint>(&json) {
             Ok(mut c) if c.version == Checkpoint::VERSION && c.group == group => {
-                c.keys.keys.values_mut().for_each(KeyParking::reindex);
+                c.keys.reindex();
                 Some(c)
             }
             Ok(c) => {

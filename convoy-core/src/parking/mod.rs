@@ -150,8 +150,12 @@ pub fn replayed_by(record: &Message) -> Vec<Position> {
     positions(record.headers.get_str(REPLAY_OF))
 }
 
+/// A name a parked key's records share (a source's, a topic's, an id): one allocation, however
+/// many records hold it.
+pub type Name = Arc<str>;
+
 /// Where a message was read (its source and offset): what a record is known by.
-pub type Position = (String, u64);
+pub type Position = (Name, u64);
 
 /// A replayed message's place in its replay.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,7 +196,7 @@ impl ReplayTag {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ParkedRecord {
     /// What its message is known by, if anything identifies it.
-    pub id: Option<String>,
+    pub id: Option<Name>,
     /// Where the destination holds it (known once read back).
     pub stored: Option<Position>,
     /// The replay its message came from, if it was a replayed one.
@@ -203,7 +207,7 @@ pub struct ParkedRecord {
     pub failed: bool,
     /// The topic its message came from, if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub topic: Option<String>,
+    pub topic: Option<Name>,
     /// Where its message was delivered from (source and offset), if known: once the group's
     /// commit passed it there, the message is never delivered again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -219,20 +223,41 @@ impl ParkedRecord {
     /// The record of `message`, known by `id`, dead-lettered here (`failed`) or set aside.
     pub fn of(message: &Message, id: Option<String>, failed: bool) -> ParkedRecord {
         ParkedRecord {
-            id,
+            id: id.map(Name::from),
             stored: None,
             replay: ReplayTag::of(&message.headers),
             failed,
             topic: topic_of(message.source.as_str()),
-            origin: Some((message.source.to_string(), message.offset)),
+            origin: Some((message.source.as_str().into(), message.offset)),
             record: None,
         }
     }
 }
 
+impl ParkedRecord {
+    /// Shares its sources' and topic's names with other records (`names` holds each once).
+    fn share_names(&mut self, names: &mut HashSet<Name>) {
+        let stored = self.stored.as_mut().map(|(source, _)| source);
+        let origin = self.origin.as_mut().map(|(source, _)| source);
+        for name in [stored, origin, self.topic.as_mut()].into_iter().flatten() {
+            share(name, names);
+        }
+    }
+}
+
+/// `name` as `names` holds it (added if new): one allocation however many records hold it.
+fn share(name: &mut Name, names: &mut HashSet<Name>) {
+    match names.get(&**name) {
+        Some(shared) => *name = shared.clone(),
+        None => {
+            names.insert(name.clone());
+        }
+    }
+}
+
 /// The topic of a source named `topic/partition`.
-pub fn topic_of(source: &str) -> Option<String> {
-    source.rsplit_once('/').map(|(topic, _)| topic.to_owned())
+pub fn topic_of(source: &str) -> Option<Name> {
+    source.rsplit_once('/').map(|(topic, _)| Name::from(topic))
 }
 
 /// A replay under way: its id and size, and — when the records it re-publishes are known —
@@ -284,7 +309,7 @@ pub struct KeyParking {
     /// with where their messages were delivered from: a redelivery of one is not set aside
     /// again. Forgotten once the group's commit passed it ([`ParkedKeys::forget_committed`]):
     /// a key parked for hours would otherwise remember every message replayed meanwhile.
-    replayed: HashMap<String, Option<Position>>,
+    replayed: HashMap<Name, Option<Position>>,
     replaying: Option<Replaying>,
     /// The records the replay under way re-publishes, in its order (what a resume publishes
     /// again).
@@ -300,7 +325,7 @@ pub struct KeyParking {
     /// The ids of the pending records: a message set aside is looked up once, not against every
     /// record of a key holding thousands (rebuilt from `pending` when a checkpoint is read).
     #[serde(skip)]
-    pending_ids: HashSet<String>,
+    pending_ids: HashSet<Name>,
 }
 
 impl KeyParking {
@@ -432,8 +457,14 @@ impl KeyParking {
         forgotten
     }
 
-    /// Rebuilds what a checkpoint does not hold.
-    fn reindex(&mut self) {
+    /// Rebuilds what a checkpoint does not hold: the index of pending ids, and names shared.
+    fn reindex(&mut self, names: &mut HashSet<Name>) {
+        for record in self.pending.iter_mut().chain(&mut self.replaying_records) {
+            record.share_names(names);
+        }
+        for (source, _) in self.replayed.values_mut().flatten() {
+            share(source, names);
+        }
         self.pending_ids = self.pending.iter().filter_map(|r| r.id.clone()).collect();
     }
 
@@ -468,7 +499,10 @@ impl KeyParking {
         let place: HashMap<&Position, usize> = stored.iter().enumerate().map(|(i, p)| (p, i)).collect();
         let mut taken = self.take_pending(|p| place.contains_key(p));
         taken.sort_by_key(|r| r.stored.as_ref().and_then(|p| place.get(p).copied()));
-        let topics: Option<Vec<String>> = taken.iter().map(|r| r.topic.clone()).collect();
+        let topics: Option<Vec<String>> = taken
+            .iter()
+            .map(|r| r.topic.as_deref().map(str::to_owned))
+            .collect();
         let topics = topics
             .filter(|t| t.len() == tag.count as usize)
             .unwrap_or_default();
@@ -524,6 +558,10 @@ pub struct ParkedKeys {
     /// resumed replay's) is still a duplicate when its key parks again.
     #[serde(with = "bytes_keys")]
     ended: BTreeMap<Bytes, HashSet<String>>,
+    /// The sources' and topics' names the records hold, each once: a hot parked key's
+    /// hundreds of thousands of records name a handful.
+    #[serde(skip)]
+    names: HashSet<Name>,
 }
 
 impl ParkedKeys {
@@ -613,6 +651,13 @@ impl ParkedKeys {
             .sum()
     }
 
+    /// Rebuilds what a checkpoint does not hold ([`KeyParking::reindex`]).
+    fn reindex(&mut self) {
+        for parking in self.keys.values_mut() {
+            parking.reindex(&mut self.names);
+        }
+    }
+
     /// Applies a change to `key`'s parking.
     pub fn apply(&mut self, key: Bytes, change: ParkingChange) {
         let ended = &mut self.ended;
@@ -621,7 +666,10 @@ impl ParkedKeys {
             ..KeyParking::default()
         });
         match change {
-            ParkingChange::SetAside(record) => entry.set_aside(*record),
+            ParkingChange::SetAside(mut record) => {
+                record.share_names(&mut self.names);
+                entry.set_aside(*record)
+            }
             ParkingChange::ReplayStarted(tag, positions, part) => entry.replay_marker(&tag, positions, part),
             ParkingChange::ReplayDone(id, part) => entry.replay_done(&id, part),
             ParkingChange::Skipped(positions) => entry.skip(&positions),
@@ -1018,15 +1066,15 @@ fn change_of(group: &str, record: &Message, payloads: Payloads) -> Option<(Bytes
         ParkingChange::Skipped(marked_by(record, DeadLetterCause::Skipped))
     } else if cause == DeadLetterCause::Parked.as_str() || headers.get_str(DL_PARKS).is_some() {
         ParkingChange::SetAside(Box::new(ParkedRecord {
-            id: headers.get_str(DL_PARK_ID).map(str::to_owned),
-            stored: Some((record.source.to_string(), record.offset)),
+            id: headers.get_str(DL_PARK_ID).map(Name::from),
+            stored: Some((record.source.as_str().into(), record.offset)),
             replay: ReplayTag::of(headers),
             failed: cause != DeadLetterCause::Parked.as_str(),
             topic: headers.get_str(DL_SOURCE).and_then(topic_of),
             origin: headers
                 .get_str(DL_SOURCE)
                 .zip(headers.get_str(DL_OFFSET))
-                .and_then(|(source, offset)| Some((source.to_owned(), offset.parse().ok()?))),
+                .and_then(|(source, offset)| Some((source.into(), offset.parse().ok()?))),
             record: (payloads == Payloads::Keep).then(|| Box::new(record.clone())),
         }))
     } else {
@@ -1042,7 +1090,7 @@ pub fn format_position(position: &Position) -> String {
 
 fn parse_position(text: &str) -> Option<Position> {
     let (source, offset) = text.trim().rsplit_once('@')?;
-    Some((source.to_owned(), offset.parse().ok()?))
+    Some((source.into(), offset.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -1128,7 +1176,11 @@ mod tests {
     /// The read positions (`t/1@n`) of what a replay of `key` would re-publish, in order.
     fn replay_order(keys: &ParkedKeys, key: &[u8]) -> Vec<String> {
         let parking = keys.get(key).expect("parked");
-        parking.to_replay().iter().filter_map(|r| r.id.clone()).collect()
+        parking
+            .to_replay()
+            .iter()
+            .filter_map(|r| r.id.as_deref().map(str::to_owned))
+            .collect()
     }
 
     #[test]
@@ -1189,7 +1241,7 @@ mod tests {
         assert!(is_marker(&d.0[4]) && is_marker(&d.0[5]));
         assert_eq!(
             marked_by(&d.0[4], DeadLetterCause::Skipped),
-            [("t.dlq/0".to_owned(), 0)]
+            [("t.dlq/0".into(), 0)]
         );
         assert!(marked_by(&d.0[4], DeadLetterCause::Purged).is_empty());
         // Another group's skip marker changes nothing here.
@@ -1311,7 +1363,7 @@ mod tests {
                 format!(
                     "{key:?}: pending {:?} replayed {} replaying {:?} of {:?} last {:?} ended {}",
                     p.to_replay().into_iter().map(record).collect::<Vec<_>>(),
-                    sorted(&p.replayed.keys().cloned().collect()),
+                    sorted(&p.replayed.keys().map(|k| k.to_string()).collect()),
                     p.replaying,
                     p.replaying_records.iter().map(record).collect::<Vec<_>>(),
                     p.last_replay,
@@ -1551,7 +1603,7 @@ mod tests {
         d.replay("a", "r1 0/3", &[0, 1, 2]);
         record(&mut d, 13, "parked");
         let sink = Marked::new(&d.0);
-        let committed_below_12 = |(source, offset): &Position| source == "t/1" && *offset < 12;
+        let committed_below_12 = |(source, offset): &Position| &**source == "t/1" && *offset < 12;
         let caught_up = ParkedKeys::catch_up_forgetting("g", &sink, 1, &committed_below_12)
             .await
             .unwrap();
@@ -1570,7 +1622,7 @@ mod tests {
             assert!(a.holds("e13"), "waiting, not committed past yet");
             assert_eq!(a.pending(), 1);
         }
-        let committed_below_14 = |(source, offset): &Position| source == "t/1" && *offset < 14;
+        let committed_below_14 = |(source, offset): &Position| &**source == "t/1" && *offset < 14;
         let caught_up = ParkedKeys::catch_up_forgetting("g", &sink, 0, &committed_below_14)
             .await
             .unwrap();
@@ -1580,7 +1632,7 @@ mod tests {
         assert_eq!(a.pending(), 1, "still waiting, for its replay");
         assert_eq!(
             a.to_replay()[0].stored,
-            Some(("t.dlq/0".to_owned(), 4)),
+            Some(("t.dlq/0".into(), 4)),
             "known by where the destination holds it"
         );
     }
@@ -1602,7 +1654,11 @@ mod tests {
         let keys = d.keys();
         let a = keys.get(b"a").unwrap();
         assert_eq!(a.replaying().map(|r| r.count), Some(3));
-        let taken: Vec<_> = a.replaying_records.iter().filter_map(|r| r.id.clone()).collect();
+        let taken: Vec<_> = a
+            .replaying_records
+            .iter()
+            .filter_map(|r| r.id.as_deref())
+            .collect();
         assert_eq!(
             taken,
             ["t/1@3", "t/1@4", "t/1@5"],

@@ -292,21 +292,21 @@ pub async fn list(
     // record: both count, by what identifies the message.
     let mut by_identity: HashMap<&str, (u32, Option<SystemTime>)> = HashMap::new();
     for m in records.iter().filter(|m| !parking::is_marker(m)) {
-        if let (Some(id), Some(&seen)) = (identity(m), replays.get(&(m.source.to_string(), m.offset))) {
+        if let (Some(id), Some(&seen)) = (identity(m), replays.get(&(m.source.as_str().into(), m.offset))) {
             by_identity.insert(id, seen);
         }
     }
     let mut listed = Vec::new();
     for m in records.iter().filter(|m| !parking::is_marker(m)) {
         let seen = replays
-            .get(&(m.source.to_string(), m.offset))
+            .get(&(m.source.as_str().into(), m.offset))
             .or_else(|| identity(m).and_then(|id| by_identity.get(id)));
         let mut record = DeadLetterRecord::from_message(m.clone());
         if let Some(&(count, at)) = seen {
             record.replays = count;
             record.last_replayed_at = at;
         }
-        let position = (m.source.to_string(), m.offset);
+        let position: parking::Position = (m.source.as_str().into(), m.offset);
         record.skipped_at = skipped.get(&position).map(|at| at.unwrap_or(UNIX_EPOCH));
         record.purged_at = purged.get(&position).map(|at| at.unwrap_or(UNIX_EPOCH));
         if selection.matches(&record) {
@@ -507,7 +507,7 @@ pub(crate) async fn record_marks(
     let group = connection.endpoint().group.clone();
     let positions: Vec<String> = records
         .iter()
-        .map(|r| parking::format_position(&(r.message.source.to_string(), r.message.offset)))
+        .map(|r| parking::format_position(&(r.message.source.as_str().into(), r.message.offset)))
         .collect();
     // Each audit record names as many as one header holds, the first of them beside it.
     let mut first = 0;
