@@ -12,9 +12,13 @@
 //! (older: the read after it reads further). If both are torn the load is tried again, then the
 //! destination is read from its start (logged; the next save mends the store).
 
+use std::io::{BufReader, BufWriter, Read};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use flate2::read::DeflateDecoder;
+use flate2::write::DeflateEncoder;
+use flate2::Compression;
 use serde::{Deserialize, Serialize};
 
 use super::ParkedKeys;
@@ -35,13 +39,16 @@ pub(super) struct Checkpoint {
     pub(super) keys: ParkedKeys,
 }
 
-/// How hard a checkpoint is deflated (of miniz's 0–10): most of what the best level saves, at a
-/// fraction of its time.
-const DEFLATE_LEVEL: u8 = 3;
+/// How hard a checkpoint is deflated (of 0–9): most of what the best level saves, at a fraction
+/// of its time.
+const DEFLATE_LEVEL: u32 = 3;
 
-/// Most bytes a checkpoint inflates to: far beyond any saved, short of exhausting memory on a
+/// Most bytes a checkpoint inflates to: far beyond any saved, short of reading forever from a
 /// corrupt one.
-const INFLATED_LIMIT: usize = 1 << 30;
+const INFLATED_LIMIT: u64 = 1 << 30;
+
+/// The buffer between JSON and deflate, each way.
+const BUFFER: usize = 64 * 1024;
 
 /// The first bytes of every part: "cvp" and the format's version.
 const MAGIC: [u8; 4] = *b"cvp\x03";
@@ -129,22 +136,23 @@ impl Checkpoint {
             mark,
             keys,
         };
-        // Serializing maps, sets, strings and numbers cannot fail.
-        let json = serde_json::to_vec(&checkpoint).unwrap_or_default();
-        // Deflated: a parked key's records are ids and positions much alike.
-        miniz_oxide::deflate::compress_to_vec(&json, DEFLATE_LEVEL)
+        // Deflated (a parked key's records are ids and positions much alike) as it is written:
+        // the JSON of a hot parked key is tens of megabytes, never held whole.
+        let deflate = DeflateEncoder::new(Vec::new(), Compression::new(DEFLATE_LEVEL));
+        let mut writer = BufWriter::with_capacity(BUFFER, deflate);
+        // Writing into memory cannot fail, nor serializing maps, sets, strings and numbers.
+        let written = serde_json::to_writer(&mut writer, &checkpoint).map_err(std::io::Error::from);
+        let deflated = written
+            .and_then(|()| writer.into_inner().map_err(|e| e.into_error()))
+            .and_then(DeflateEncoder::finish);
+        deflated.unwrap_or_default()
     }
 
     /// The checkpoint `deflated` holds, if it is one of this version for `group`.
     fn decode(group: &str, deflated: &[u8]) -> Option<Checkpoint> {
-        let json = match miniz_oxide::inflate::decompress_to_vec_with_limit(deflated, INFLATED_LIMIT) {
-            Ok(json) => json,
-            Err(e) => {
-                tracing::warn!(error = ?e.status, "ignoring a parked keys' checkpoint that does not inflate; reading the dead-letter destination from its start");
-                return None;
-            }
-        };
-        match serde_json::from_slice::<Checkpoint>(&json) {
+        // Inflated as it is read, as it was written.
+        let json = BufReader::with_capacity(BUFFER, DeflateDecoder::new(deflated).take(INFLATED_LIMIT));
+        match serde_json::from_reader::<_, Checkpoint>(json) {
             Ok(mut c) if c.version == Checkpoint::VERSION && c.group == group => {
                 c.keys.reindex();
                 Some(c)
@@ -154,6 +162,7 @@ impl Checkpoint {
                 None
             }
             Err(e) => {
+                // A checkpoint that does not inflate (`e.is_io()`) is unreadable too.
                 tracing::warn!(error = %e, "ignoring an unreadable parked keys' checkpoint; reading the dead-letter destination from its start");
                 None
             }
@@ -443,9 +452,22 @@ mod tests {
         let store = Store::default();
         // Version 2: deflated JSON in one value.
         let json = br#"{"version":2,"group":"g","mark":"0:1","keys":{"keys":[],"ended":[]}}"#;
-        let old = miniz_oxide::deflate::compress_to_vec(json, DEFLATE_LEVEL);
+        let mut old = DeflateEncoder::new(Vec::new(), Compression::new(DEFLATE_LEVEL));
+        std::io::Write::write_all(&mut old, json).unwrap();
+        let old = old.finish().unwrap();
         store.parts.lock().unwrap().insert(0, Bytes::from(old));
         assert_eq!(load_deflated(&store, "g").await.unwrap().map(|(d, _)| d), None);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_that_does_not_inflate_is_ignored() {
+        let store = Store::default();
+        save_parts(&store, "g", b"not deflated at all", 1000, None)
+            .await
+            .unwrap();
+        let loaded = Checkpoint::load(&store, "g").await.unwrap();
+        assert!(loaded.checkpoint.is_none(), "read from the start");
+        assert!(loaded.head.is_some(), "the next save goes to the other slot");
     }
 
     #[test]
