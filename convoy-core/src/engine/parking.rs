@@ -13,7 +13,7 @@ use metrics::Gauge;
 
 use crate::dead_letter::DeadLetterSink;
 use crate::message::{Message, Offset, SourceId};
-use crate::parking::{topic_of, ParkedKeys, ParkedRecord, ParkingChange, Position, ReplayTag};
+use crate::parking::{topic_name, ParkedKeys, ParkedRecord, ParkingChange, Position, ReplayTag};
 
 /// How often a dead letter that parks its key looks for the commit below it.
 const COMMIT_POLL: Duration = Duration::from_millis(10);
@@ -119,12 +119,12 @@ impl Parking {
             };
         };
         if let Some(tag) = tag {
-            let topic = topic_of(message.source.as_str());
+            let topic = topic_name(message.source.as_str());
             if parking.replaying().is_some_and(|r| r.id == tag.id) {
-                if !parking.part_failed(&tag.id, topic.as_deref()) {
+                if !parking.part_failed(&tag.id, topic) {
                     return Gate::Replay;
                 }
-                if parking.ran_before_failure(tag.index, topic.as_deref()) {
+                if parking.ran_before_failure(tag.index, topic) {
                     return Gate::Duplicate;
                 }
             } else if parking.replay_ended(&tag.id) {
@@ -206,11 +206,11 @@ impl Parking {
     /// (handled, failed, set aside, set aside before), that part is over.
     pub fn ending_replay(&self, message: &Message) -> Option<(ReplayTag, Option<String>)> {
         let tag = ReplayTag::of(&message.headers).filter(|t| t.index >= 1)?;
-        let topic = topic_of(message.source.as_str());
+        let topic = topic_name(message.source.as_str());
         let state = self.state();
         let replaying = state.keys.get(message.ordering_key()?)?.replaying()?;
-        (replaying.id == tag.id && replaying.last_of_part(tag.index, topic.as_deref()))
-            .then_some((tag, topic.as_deref().map(str::to_owned)))
+        (replaying.id == tag.id && replaying.last_of_part(tag.index, topic))
+            .then(|| (tag, topic.map(str::to_owned)))
     }
 
     /// Records a change a lane made (after the destination confirmed its record).

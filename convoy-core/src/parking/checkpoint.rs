@@ -230,10 +230,7 @@ async fn save_parts(
         sink.save_checkpoint(group, parts.number(index), part.freeze())
             .await?;
     }
-    // A replaced checkpoint in this very slot (a store that lost its head since) is not one to
-    // fall back on.
-    let previous = replaced.filter(|r| r.slot != parts.slot);
-    sink.save_checkpoint(group, 0, write_head(parts, previous))
+    sink.save_checkpoint(group, 0, write_head(parts, replaced))
         .await?;
     Ok(parts.count)
 }

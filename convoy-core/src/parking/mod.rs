@@ -257,7 +257,12 @@ fn share(name: &mut Name, names: &mut HashSet<Name>) {
 
 /// The topic of a source named `topic/partition`.
 pub fn topic_of(source: &str) -> Option<Name> {
-    source.rsplit_once('/').map(|(topic, _)| Name::from(topic))
+    topic_name(source).map(Name::from)
+}
+
+/// The topic of a source named `topic/partition`, borrowed from it.
+pub fn topic_name(source: &str) -> Option<&str> {
+    source.rsplit_once('/').map(|(topic, _)| topic)
 }
 
 /// A replay under way: its id and size, and — when the records it re-publishes are known —
