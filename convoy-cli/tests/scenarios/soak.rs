@@ -83,11 +83,17 @@ pub struct SoakPlan {
     pub freeze_for: Duration,
     /// Where the RSS samples go (`soak-<topic>.csv`), if anywhere.
     pub out: Option<PathBuf>,
+    /// How often an operator replays the keys parked then while the load runs (besides the
+    /// schedule's replays), if at all: a parked key's backlog, held by every member, then
+    /// stays bounded as it does where someone watches the parked keys — what lets the RSS
+    /// say whether anything else grows.
+    pub replay_every: Option<Duration>,
 }
 
 impl SoakPlan {
-    /// CI's size (200,000 messages over 10,000 keys, 8 faults, 5,000 msg/s, seed 38), each
-    /// overridden by `CONVOY_SOAK_MESSAGES`, `_KEYS`, `_FAULTS`, `_RATE` and `_SEED`;
+    /// CI's size (200,000 messages over 10,000 keys, 8 faults, 5,000 msg/s, seed 38, an
+    /// operator's replays every 60 s), each overridden by `CONVOY_SOAK_MESSAGES`, `_KEYS`,
+    /// `_FAULTS`, `_RATE`, `_SEED` and `_REPLAY_EVERY` (seconds; 0 for none);
     /// `CONVOY_SOAK_OUT` names the samples' directory.
     pub fn from_env(freeze_for: Duration) -> SoakPlan {
         let var = |name: &str, default: u64| {
@@ -105,6 +111,9 @@ impl SoakPlan {
             rate: var("CONVOY_SOAK_RATE", 5_000).max(1),
             freeze_for,
             out: std::env::var_os("CONVOY_SOAK_OUT").map(PathBuf::from),
+            replay_every: Some(var("CONVOY_SOAK_REPLAY_EVERY", 60))
+                .filter(|&s| s > 0)
+                .map(Duration::from_secs),
         }
     }
 
@@ -313,6 +322,44 @@ impl Run {
 
     /// The keys parked now that `pick` picks.
     fn parked(&self, pick: impl Fn(&convoy::parking::KeyParking) -> bool) -> Vec<String> {
+        self.read_parked()
+            .iter()
+            .filter(|(_, parking)| parking.is_parked() && pick(parking))
+            .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+            .collect()
+    }
+
+    /// The operator's replay, if one is due (`last` is when the one before ran): the keys
+    /// parked now with no replay under way, each replayed; logs how many records waited.
+    fn replay_if_due(&self, last: &Mutex<Instant>) {
+        let Some(every) = self.plan.replay_every else {
+            return;
+        };
+        if last.lock().unwrap().elapsed() < every {
+            return;
+        }
+        let parked = self.read_parked();
+        let idle: Vec<_> = parked
+            .iter()
+            .filter(|(_, p)| p.is_parked() && p.replaying().is_none())
+            .collect();
+        let waiting: usize = idle.iter().map(|(_, p)| p.pending()).sum();
+        let keys: Vec<String> = idle
+            .iter()
+            .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+            .collect();
+        let n = self.replay(&keys);
+        self.replayed.0.fetch_add(n, SeqCst);
+        eprintln!(
+            "soak: an operator replayed {n} parked keys ({waiting} records waiting) at {:.1?}",
+            self.began.elapsed()
+        );
+        *last.lock().unwrap() = Instant::now();
+    }
+
+    /// The group's parked keys as the dead-letter topic records them (read again through a
+    /// broker's restart).
+    fn read_parked(&self) -> convoy::parking::ParkedKeys {
         let read = || async {
             let connection = convoy::connect(&self.url).await?;
             convoy::dlq::parked(&connection).await
@@ -329,10 +376,7 @@ impl Run {
                 Err(e) => panic!("the parked keys could not be read: {e}"),
             }
         };
-        keys.iter()
-            .filter(|(_, parking)| parking.is_parked() && pick(parking))
-            .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
-            .collect()
+        keys
     }
 
     /// `convoy dlq replay --key …` of `keys` (each parked, no replay under way); returns how
@@ -482,9 +526,11 @@ pub async fn soak(
             let kinds = schedule(run.plan.seed, run.plan.faults);
             // By messages published, not handled: a parked key's wait for its replay.
             let step = run.plan.messages / (kinds.len() as u64 + 1);
+            let operator = Mutex::new(Instant::now());
+            let replay = || run.replay_if_due(&operator);
             for (i, fault) in kinds.iter().enumerate() {
                 let due = step * (i as u64 + 1);
-                run.wait_until("before a fault", |_| run.sent.load(SeqCst) >= due, None);
+                run.wait_until("before a fault", |_| run.sent.load(SeqCst) >= due, Some(&replay));
                 run.inject(*fault, &mut rng, &mut broker);
             }
             kinds

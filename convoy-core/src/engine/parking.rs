@@ -1,9 +1,11 @@
 //! The engine's view of its group's parked keys (see [`crate::parking`]): read back from the
 //! dead-letter destination whenever sources are assigned (the previous owner's records are
-//! there) — its group's last checkpoint and what was written after it — kept current as lanes
-//! set messages aside and end replays, and asked by each lane before it handles a keyed message.
+//! there) — its group's last checkpoint and what was written after it the first time, then
+//! only what was written past where it read last — kept current as lanes set messages aside
+//! and end replays, and asked by each lane before it handles a keyed message.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -11,9 +13,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use metrics::Gauge;
 
-use crate::dead_letter::DeadLetterSink;
+use crate::dead_letter::{DeadLetterSink, ReadBack, ReadMark};
 use crate::message::{Message, Offset, SourceId};
-use crate::parking::{topic_name, ParkedKeys, ParkedRecord, ParkingChange, Position, ReplayTag};
+use crate::parking::{
+    save_checkpoint, topic_name, ParkedKeys, ParkedRecord, ParkingChange, Position, ReplayTag,
+};
+use crate::transport::TransportError;
 
 /// How often a dead letter that parks its key looks for the commit below it.
 const COMMIT_POLL: Duration = Duration::from_millis(10);
@@ -42,8 +47,12 @@ pub(crate) struct Parking {
 #[derive(Default)]
 struct State {
     keys: ParkedKeys,
-    /// Changes made while a read-back is under way: applied again to what it read, which may
-    /// end before them (applying a change twice changes nothing).
+    /// Where `keys` were read up to: the next read-back reads past it only (`None`: read the
+    /// checkpoint first — at the first read-back, or when the destination gives no marks).
+    mark: Option<ReadMark>,
+    /// Changes made while a read-back is under way: applied again to what it read when it
+    /// builds the view anew, which may end before them (applying a change twice changes
+    /// nothing). A read-back that folds into the view in place has them already.
     journal: Option<Vec<(Bytes, ParkingChange)>>,
     /// Replays a read-back did not find: their messages are set aside without reading again.
     unknown_replays: HashSet<String>,
@@ -269,9 +278,12 @@ impl Parking {
         self.written.load(Ordering::Relaxed) >= self.checkpoint_after
     }
 
-    /// Reads the dead-letter destination back and replaces the view with it (changes made
-    /// meanwhile applied again). A failed read is retried with backoff until it succeeds:
-    /// nothing of a source may be handled before its parked keys are known.
+    /// Reads the dead-letter destination back into the view. The first read-back builds it
+    /// from the group's checkpoint and what was written after it (changes made meanwhile
+    /// applied again); later ones fold what was written past the view's mark into it, in
+    /// place: one copy of the parked keys in memory, and work in proportion to what was
+    /// written since, not to what is parked. A failed read is retried with backoff until it
+    /// succeeds: nothing of a source may be handled before its parked keys are known.
     pub async fn read_back(&self, sink: &dyn DeadLetterSink) {
         let _one = self.reading.lock().await;
         // Where this engine's commits passed: a message delivered from below one is never
@@ -286,26 +298,29 @@ impl Parking {
             .collect();
         let delivered_no_more =
             |(source, offset): &Position| committed.get(&**source).is_some_and(|below| offset < below);
-        self.state().journal = Some(Vec::new());
-        self.written.store(0, Ordering::Relaxed);
-        let mut wait = Duration::from_millis(100);
-        let caught_up = loop {
-            match ParkedKeys::catch_up_forgetting(
-                &self.group,
-                sink,
-                self.checkpoint_after,
-                &delivered_no_more,
-            )
-            .await
-            {
-                Ok(caught_up) => break caught_up,
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?wait, "cannot read the dead-letter destination back to learn the parked keys; retrying");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(MAX_READ_BACKOFF);
-                }
-            }
+        let mark = {
+            let mut state = self.state();
+            state.journal = Some(Vec::new());
+            state.mark.clone()
         };
+        self.written.store(0, Ordering::Relaxed);
+        match mark {
+            Some(mark) => self.read_past(sink, &mark, &delivered_no_more).await,
+            None => self.read_anew(sink, &delivered_no_more).await,
+        }
+    }
+
+    /// Builds the view anew: the checkpoint, what the destination holds after it, then the
+    /// journal.
+    async fn read_anew(
+        &self,
+        sink: &dyn DeadLetterSink,
+        delivered_no_more: &(dyn Fn(&Position) -> bool + Sync),
+    ) {
+        let caught_up = retrying(|| {
+            ParkedKeys::catch_up_forgetting(&self.group, sink, self.checkpoint_after, delivered_no_more)
+        })
+        .await;
         tracing::debug!(
             read = caught_up.read,
             from_checkpoint = caught_up.from_checkpoint,
@@ -318,6 +333,74 @@ impl Parking {
         for (key, change) in state.journal.take().unwrap_or_default() {
             keys.apply(key, change);
         }
+        self.replace(&mut state, keys);
+        state.mark = caught_up.mark;
+    }
+
+    /// Folds what the destination holds past `mark` into the view, and saves a checkpoint of
+    /// it once that was `checkpoint_after` records or more.
+    async fn read_past(
+        &self,
+        sink: &dyn DeadLetterSink,
+        mark: &ReadMark,
+        delivered_no_more: &(dyn Fn(&Position) -> bool + Sync),
+    ) {
+        let tail = retrying(|| sink.read_back_after(Some(mark))).await;
+        let read = tail.records.len();
+        let (forgotten, snapshot) = self.fold_past(tail, delivered_no_more, read >= self.checkpoint_after);
+        let mut saved = false;
+        if let Some((mark, keys)) = snapshot {
+            match save_checkpoint(&self.group, sink, &mark, &keys).await {
+                Ok(_) => saved = true,
+                Err(e) => {
+                    tracing::warn!(error = %e, read, "cannot save the parked keys' checkpoint: a member that starts reads this far back again")
+                }
+            }
+        }
+        tracing::debug!(
+            read,
+            from_checkpoint = false,
+            saved,
+            forgotten,
+            "dead-letter destination read back"
+        );
+    }
+
+    /// Folds `tail` into the view (anew if the destination restarted), forgets what is never
+    /// delivered again, and moves the mark. Returns how many ids it forgot and, when `save`,
+    /// what to save: a copy of the view (a pointer per key: lanes go on meanwhile) and its mark.
+    fn fold_past(
+        &self,
+        tail: ReadBack,
+        delivered_no_more: &(dyn Fn(&Position) -> bool + Sync),
+        save: bool,
+    ) -> (usize, Option<(ReadMark, ParkedKeys)>) {
+        let mut state = self.state();
+        let journal = state.journal.take().unwrap_or_default();
+        if tail.restarted {
+            tracing::warn!("the dead-letter destination was deleted and created again since this engine read it: reading its parked keys from its start");
+            let mut keys = ParkedKeys::default();
+            keys.fold_tail(&self.group, &tail.records);
+            for (key, change) in journal {
+                keys.apply(key, change);
+            }
+            self.replace(&mut state, keys);
+        } else {
+            state.keys.fold_tail(&self.group, &tail.records);
+            self.count(state.keys.len());
+        }
+        let forgotten = state.keys.forget_committed(delivered_no_more);
+        state.mark = tail.mark;
+        let snapshot = state
+            .mark
+            .clone()
+            .filter(|_| save)
+            .map(|mark| (mark, state.keys.clone()));
+        (forgotten, snapshot)
+    }
+
+    /// Replaces the view with `keys` (built anew).
+    fn replace(&self, state: &mut State, keys: ParkedKeys) {
         if keys.len() != state.keys.len() {
             tracing::info!(
                 parked = keys.len(),
@@ -329,6 +412,25 @@ impl Parking {
     }
 }
 
+/// `attempt`'s value, tried again with backoff while it fails (each failure logged).
+async fn retrying<T, F, A>(mut attempt: A) -> T
+where
+    A: FnMut() -> F,
+    F: Future<Output = Result<T, TransportError>>,
+{
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?wait, "cannot read the dead-letter destination back to learn the parked keys; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_READ_BACKOFF);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use async_trait::async_trait;
@@ -336,7 +438,7 @@ mod tests {
     use super::*;
     use crate::dead_letter::{DeadLetter, DL_CAUSE, DL_GROUP, DL_OFFSET, DL_SOURCE};
     use crate::message::{Headers, SourceId};
-    use crate::parking::{DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF};
+    use crate::parking::{KeyParking, DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF};
     use crate::transport::TransportError;
 
     fn message(key: &str, offset: u64, replay: Option<&str>) -> Message {
@@ -357,13 +459,21 @@ mod tests {
         Some(format!("t/0@{offset}"))
     }
 
-    /// A destination that holds what it is given, read back as is.
+    /// A destination that holds what it is given, read back as is (from a mark too: the
+    /// offset after the last record read), with its checkpoints' parts; it counts what it
+    /// was asked.
     #[derive(Default)]
-    struct Destination(Mutex<Vec<Message>>);
+    struct Destination {
+        records: Mutex<Vec<Message>>,
+        checkpoints: Mutex<HashMap<u32, Bytes>>,
+        /// Parts of checkpoints loaded, and records read.
+        loads: AtomicUsize,
+        read: AtomicUsize,
+    }
 
     impl Destination {
         fn add(&self, key: &str, headers: &[(&str, String)]) {
-            let mut records = self.0.lock().unwrap();
+            let mut records = self.records.lock().unwrap();
             let mut h = Headers::new();
             h.insert(DL_GROUP, "g");
             for (name, value) in headers {
@@ -385,7 +495,35 @@ mod tests {
         }
 
         async fn read_back(&self) -> Result<Vec<Message>, TransportError> {
-            Ok(self.0.lock().unwrap().clone())
+            Ok(self.records.lock().unwrap().clone())
+        }
+
+        /// A mark past the end (the destination was emptied since) reads from the start.
+        async fn read_back_after(&self, mark: Option<&ReadMark>) -> Result<ReadBack, TransportError> {
+            let records = self.records.lock().unwrap();
+            let from = mark
+                .and_then(ReadMark::next_offsets)
+                .and_then(|next| next.get(&0).copied())
+                .unwrap_or(0) as usize;
+            let restarted = from > records.len();
+            let tail = records[if restarted { 0 } else { from }..].to_vec();
+            self.read.fetch_add(tail.len(), Ordering::Relaxed);
+            let next = [(0, records.len() as u64)].into_iter().collect();
+            Ok(ReadBack {
+                records: tail,
+                mark: Some(ReadMark::of_next_offsets(&next)),
+                restarted,
+            })
+        }
+
+        async fn load_checkpoint(&self, _: &str, part: u32) -> Result<Option<Bytes>, TransportError> {
+            self.loads.fetch_add(1, Ordering::Relaxed);
+            Ok(self.checkpoints.lock().unwrap().get(&part).cloned())
+        }
+
+        async fn save_checkpoint(&self, _: &str, part: u32, checkpoint: Bytes) -> Result<(), TransportError> {
+            self.checkpoints.lock().unwrap().insert(part, checkpoint);
+            Ok(())
         }
     }
 
@@ -405,6 +543,122 @@ mod tests {
             let _through = self.through.acquire().await;
             self.records.read_back().await
         }
+    }
+
+    fn parked_record(offset: u64) -> Vec<(&'static str, String)> {
+        vec![
+            (DL_CAUSE, "parked".to_owned()),
+            (DL_PARK_ID, format!("t/0@{offset}")),
+        ]
+    }
+
+    /// After the first read-back (the checkpoint, then the records after it), an engine reads
+    /// only what was written past its own mark, into its view in place; a record it wrote
+    /// itself, read back, tells it where the destination holds it — what a replay marker
+    /// names it by.
+    #[tokio::test]
+    async fn a_read_back_after_the_first_reads_past_its_mark_into_the_view() {
+        let destination = Destination::default();
+        destination.add("k", &parked_record(1));
+        let parking = Parking::new("g", 2);
+        parking.read_back(&destination).await;
+        let (loads, read) = (
+            destination.loads.load(Ordering::Relaxed),
+            destination.read.load(Ordering::Relaxed),
+        );
+        assert_eq!(
+            (loads, read),
+            (1, 1),
+            "a checkpoint's head looked for, then every record"
+        );
+
+        // The engine sets k@2 aside (the destination confirmed its record, at offset 1).
+        destination.add("k", &parked_record(2));
+        parking.set_aside(&message("k", 2, None), id(2), false);
+        parking.read_back(&destination).await;
+        assert_eq!(
+            destination.loads.load(Ordering::Relaxed),
+            loads,
+            "no checkpoint loaded again"
+        );
+        assert_eq!(
+            destination.read.load(Ordering::Relaxed),
+            read + 1,
+            "only the record past the mark"
+        );
+        assert_eq!(
+            parking.state().keys.get(b"k").unwrap().pending(),
+            2,
+            "its own record once"
+        );
+
+        // A replay of both, as the tool names them: by where the destination holds them.
+        destination.add(
+            "k",
+            &[
+                (DL_CAUSE, "replay".to_owned()),
+                (REPLAY, "r1 0/2".to_owned()),
+                (REPLAY_OF, "t.dlq/0@0,t.dlq/0@1".to_owned()),
+            ],
+        );
+        assert_eq!(
+            parking.gate(&message("k", 9, Some("r1 1/2")), None, false),
+            Gate::ReadBack
+        );
+        parking.read_back(&destination).await;
+        {
+            let state = parking.state();
+            let k = state.keys.get(b"k").unwrap();
+            assert_eq!(k.pending(), 0, "the replay took the engine's own record too");
+            assert!(k.holds("t/0@2"), "remembered as replayed");
+        }
+        assert_eq!(
+            parking.gate(&message("k", 9, Some("r1 1/2")), None, false),
+            Gate::Replay
+        );
+
+        // Two records past the mark: a checkpoint saved, which a member that starts reads,
+        // knowing what this engine knows without reading a record.
+        assert!(destination.checkpoints.lock().unwrap().is_empty());
+        destination.add("j", &parked_record(20));
+        destination.add("j", &parked_record(21));
+        parking.read_back(&destination).await;
+        assert!(destination.checkpoints.lock().unwrap().contains_key(&0), "saved");
+        let starting = Parking::new("g", 2);
+        let read = destination.read.load(Ordering::Relaxed);
+        starting.read_back(&destination).await;
+        assert_eq!(
+            destination.read.load(Ordering::Relaxed),
+            read,
+            "nothing past the checkpoint"
+        );
+        assert_eq!(
+            format!("{:?}", starting.state().keys.get(b"k").unwrap().replaying()),
+            format!("{:?}", parking.state().keys.get(b"k").unwrap().replaying())
+        );
+        assert_eq!(starting.state().keys.get(b"j").map(KeyParking::pending), Some(2));
+    }
+
+    /// A destination emptied since the engine read it (deleted and created again): its view
+    /// is read anew from the start, the engine's changes made meanwhile applied again.
+    #[tokio::test]
+    async fn a_destination_created_again_is_read_from_its_start() {
+        let destination = Destination::default();
+        for offset in 1..=3 {
+            destination.add("old", &parked_record(offset));
+        }
+        let parking = Parking::new("g", crate::parking::CHECKPOINT_AFTER);
+        parking.read_back(&destination).await;
+        assert!(parking.state().keys.get(b"old").is_some());
+        destination.records.lock().unwrap().clear();
+        destination.add("new", &parked_record(7));
+        parking.read_back(&destination).await;
+        let state = parking.state();
+        assert!(
+            state.keys.get(b"old").is_none(),
+            "what the old destination held is void"
+        );
+        assert_eq!(state.keys.get(b"new").map(KeyParking::pending), Some(1));
     }
 
     /// Fails with a record known by nothing (`None`): written while a read-back is under way,

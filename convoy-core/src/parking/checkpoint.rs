@@ -203,6 +203,16 @@ pub(super) async fn load_deflated(
     Ok(None)
 }
 
+/// Where the data parts of `group`'s latest checkpoint are, as its head names them (whole or
+/// torn): the slot the next save leaves alone.
+pub(super) async fn latest_head(
+    sink: &dyn DeadLetterSink,
+    group: &str,
+) -> Result<Option<Parts>, TransportError> {
+    let head = sink.load_checkpoint(group, 0).await?;
+    Ok(head.as_deref().and_then(read_head).and_then(|(latest, _)| latest))
+}
+
 /// Saves `deflated` in data parts of at most `part_bytes` in the slot `replaced` does not use,
 /// then the head naming them and `replaced`. Returns how many data parts.
 async fn save_parts(

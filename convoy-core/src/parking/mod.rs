@@ -52,8 +52,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::dead_letter::{
-    replay_message, DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, DL_CAUSE, DL_GROUP,
-    DL_OFFSET, DL_SOURCE,
+    replay_message, DeadLetter, DeadLetterCause, DeadLetterReason, DeadLetterSink, ReadMark, DL_CAUSE,
+    DL_GROUP, DL_OFFSET, DL_SOURCE,
 };
 use crate::message::{Headers, Message, OutgoingMessage, SourceId};
 use crate::transport::{Publisher, Receipt, TransportError};
@@ -415,7 +415,19 @@ impl KeyParking {
 
     fn set_aside(&mut self, record: ParkedRecord) {
         if let Some(id) = &record.id {
-            if self.holds(id) {
+            if self.pending_ids.contains(id) {
+                // Recorded already: by the engine that wrote it, before the destination was read
+                // back (kept where it was applied). Now read back, where it is stored is known —
+                // what a replay marker names it by. The engine's own are the latest records.
+                if let Some(stored) = record.stored {
+                    let own = self.pending.iter_mut().rev().find(|r| r.id.as_ref() == Some(id));
+                    if let Some(own) = own.filter(|r| r.stored.is_none()) {
+                        own.stored = Some(stored);
+                    }
+                }
+                return;
+            }
+            if self.replayed.contains_key(id) {
                 return;
             }
             self.pending_ids.insert(id.clone());
@@ -557,8 +569,10 @@ pub enum ParkingChange {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ParkedKeys {
     /// Ordered: listings and replays of every key go in one order (and a simulation's trace).
+    /// Shared: a copy (the snapshot a checkpoint is saved from while lanes go on) costs a
+    /// pointer per key, and a key changed meanwhile is copied then, alone.
     #[serde(with = "bytes_keys")]
-    keys: BTreeMap<Bytes, KeyParking>,
+    keys: BTreeMap<Bytes, Arc<KeyParking>>,
     /// The replays that ended of keys no longer parked: a copy of one delivered later (a
     /// resumed replay's) is still a duplicate when its key parks again.
     #[serde(with = "bytes_keys")]
@@ -575,6 +589,14 @@ impl ParkedKeys {
         let mut keys = ParkedKeys::default();
         keys.fold(group, records, Payloads::Keep);
         keys
+    }
+
+    /// Folds `records` — what the destination holds past the mark these keys were read up to —
+    /// into them, without their messages: an engine's read-back after its first. A record
+    /// the engine applied already (its own, read back) changes nothing but learning where the
+    /// destination holds it.
+    pub(crate) fn fold_tail(&mut self, group: &str, records: &[Message]) {
+        self.fold(group, records, Payloads::Drop);
     }
 
     fn fold(&mut self, group: &str, records: &[Message], payloads: Payloads) {
@@ -629,8 +651,8 @@ impl ParkedKeys {
         let forgotten = keys.forget_committed(delivered_no_more);
         let read = tail.records.len();
         let mut saved = false;
-        if let Some(mark) = tail.mark.filter(|_| read >= checkpoint_after) {
-            match Checkpoint::save(sink, group, &mark, &keys, loaded.head).await {
+        if let Some(mark) = tail.mark.as_ref().filter(|_| read >= checkpoint_after) {
+            match Checkpoint::save(sink, group, mark, &keys, loaded.head).await {
                 Ok(_) => saved = true,
                 Err(e) => {
                     tracing::warn!(error = %e, read, "cannot save the parked keys' checkpoint: the next read-back reads this far back again")
@@ -639,6 +661,7 @@ impl ParkedKeys {
         }
         Ok(CaughtUp {
             keys,
+            mark: tail.mark,
             read,
             from_checkpoint,
             saved,
@@ -652,24 +675,27 @@ impl ParkedKeys {
     pub fn forget_committed(&mut self, delivered_no_more: &(dyn Fn(&Position) -> bool + Sync)) -> usize {
         self.keys
             .values_mut()
-            .map(|parking| parking.forget_committed(delivered_no_more))
+            .map(|parking| Arc::make_mut(parking).forget_committed(delivered_no_more))
             .sum()
     }
 
     /// Rebuilds what a checkpoint does not hold ([`KeyParking::reindex`]).
     fn reindex(&mut self) {
         for parking in self.keys.values_mut() {
-            parking.reindex(&mut self.names);
+            Arc::make_mut(parking).reindex(&mut self.names);
         }
     }
 
     /// Applies a change to `key`'s parking.
     pub fn apply(&mut self, key: Bytes, change: ParkingChange) {
         let ended = &mut self.ended;
-        let entry = self.keys.entry(key.clone()).or_insert_with(|| KeyParking {
-            ended: ended.remove(&key).unwrap_or_default(),
-            ..KeyParking::default()
+        let entry = self.keys.entry(key.clone()).or_insert_with(|| {
+            Arc::new(KeyParking {
+                ended: ended.remove(&key).unwrap_or_default(),
+                ..KeyParking::default()
+            })
         });
+        let entry = Arc::make_mut(entry);
         match change {
             ParkingChange::SetAside(mut record) => {
                 record.share_names(&mut self.names);
@@ -681,14 +707,14 @@ impl ParkedKeys {
         }
         if !entry.is_parked() {
             if let Some(parking) = self.keys.remove(&key).filter(|p| !p.ended.is_empty()) {
-                self.ended.insert(key, parking.ended);
+                self.ended.insert(key, Arc::unwrap_or_clone(parking).ended);
             }
         }
     }
 
     /// True if replay `id` of `key` ended (the key parked or not).
     pub fn replay_ended(&self, key: &[u8], id: &str) -> bool {
-        match self.keys.get(key) {
+        match self.get(key) {
             Some(parking) => parking.replay_ended(id),
             None => self.ended.get(key).is_some_and(|ended| ended.contains(id)),
         }
@@ -696,12 +722,12 @@ impl ParkedKeys {
 
     /// `key`'s parking, if it is parked.
     pub fn get(&self, key: &[u8]) -> Option<&KeyParking> {
-        self.keys.get(key)
+        self.keys.get(key).map(|parking| &**parking)
     }
 
     /// The parked keys.
     pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &KeyParking)> {
-        self.keys.iter()
+        self.keys.iter().map(|(key, parking)| (key, &**parking))
     }
 
     /// How many keys are parked.
@@ -723,6 +749,18 @@ pub async fn checkpoint_bytes(group: &str, sink: &dyn DeadLetterSink) -> Result<
         .map_or(0, |(deflated, _)| deflated.len()))
 }
 
+/// Saves `keys`, folded up to `mark` of `sink`'s destination, as `group`'s checkpoint, beside
+/// the one saved last (read now: other members save too). Returns how many data parts.
+pub(crate) async fn save_checkpoint(
+    group: &str,
+    sink: &dyn DeadLetterSink,
+    mark: &ReadMark,
+    keys: &ParkedKeys,
+) -> Result<u32, TransportError> {
+    let replaced = checkpoint::latest_head(sink, group).await?;
+    Checkpoint::save(sink, group, mark, keys, replaced).await
+}
+
 /// Records a read-back reads past its checkpoint before it saves a new one, by default
 /// ([`EngineConfig::park_checkpoint_after`](crate::EngineConfig::park_checkpoint_after)): about
 /// what an assignment reads, beyond what other members and groups wrote since (an engine also
@@ -734,6 +772,8 @@ pub const CHECKPOINT_AFTER: usize = 1_000;
 pub struct CaughtUp {
     /// The group's parked keys.
     pub keys: ParkedKeys,
+    /// Where the destination was read up to (`None` when it cannot be read from a mark).
+    pub mark: Option<ReadMark>,
     /// Records read past the checkpoint.
     pub read: usize,
     /// A checkpoint was read first.
@@ -1101,7 +1141,6 @@ fn parse_position(text: &str) -> Option<Position> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dead_letter::ReadMark;
 
     /// The records of a dead-letter destination: each at its own offset of `t.dlq/0`.
     #[derive(Default)]
