@@ -62,6 +62,39 @@ impl Member {
         }
     }
 
+    /// Waits (at most a minute) until the process catches `signal` (`INT` or `TERM`), as
+    /// `/proc/<pid>/status` says: a member signalled a moment after it was started (a fault
+    /// schedule's faults can come back to back) would otherwise end by the signal's default
+    /// action, before its handler was installed, and not stop cleanly.
+    fn wait_catching(&mut self, signal: &str) {
+        let number = match signal {
+            "INT" => 2,
+            "TERM" => 15,
+            _ => return,
+        };
+        let status = PathBuf::from(format!("/proc/{}/status", self.0.id()));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let caught = std::fs::read_to_string(&status).is_ok_and(|status| {
+                status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("SigCgt:"))
+                    .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                    .is_some_and(|mask| mask & (1 << (number - 1)) != 0)
+            });
+            // Ended already: what it exited with tells.
+            if caught || !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the member did not catch SIG{signal} within a minute of its start:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Sends a signal (`INT`, `STOP`, `CONT`) to the process.
     pub fn signal(&self, name: &str) {
         let sent = Command::new("kill")
@@ -112,6 +145,7 @@ impl Member {
     }
 
     fn stop_with(mut self, signal: &str) -> bool {
+        self.wait_catching(signal);
         self.signal(signal);
         let clean = super::wait_exit(&mut self.0).success();
         if !clean {
