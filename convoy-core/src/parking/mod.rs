@@ -471,6 +471,16 @@ impl KeyParking {
                 }
             }
         }
+        // Shrunk once less than a quarter full: a hot key's forgotten ids would otherwise keep
+        // the tables' peak for as long as the key stays parked.
+        if forgotten > 0 {
+            if self.replayed.len() < self.replayed.capacity() / 4 {
+                self.replayed.shrink_to_fit();
+            }
+            if self.pending_ids.len() < self.pending_ids.capacity() / 4 {
+                self.pending_ids.shrink_to_fit();
+            }
+        }
         forgotten
     }
 
@@ -544,7 +554,8 @@ impl KeyParking {
         };
         if replaying.ends_with(part) {
             self.replaying = None;
-            self.replaying_records.clear();
+            // Not `clear`: a hot key's replay held many records, and the key may stay parked.
+            self.replaying_records = Vec::new();
             self.ended.insert(id.to_owned());
         }
     }
