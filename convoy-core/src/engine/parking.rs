@@ -16,7 +16,7 @@ use metrics::Gauge;
 use crate::dead_letter::{DeadLetterSink, ReadBack, ReadMark};
 use crate::message::{Message, Offset, SourceId};
 use crate::parking::{
-    save_checkpoint, topic_name, ParkedKeys, ParkedRecord, ParkingChange, Position, ReplayTag,
+    save_checkpoint, topic_name, ParkedKeys, ParkedRecord, ParkingChange, Parts, Position, ReplayTag,
 };
 use crate::transport::TransportError;
 
@@ -50,6 +50,9 @@ struct State {
     /// Where `keys` were read up to: the next read-back reads past it only (`None`: read the
     /// checkpoint first — at the first read-back, or when the destination gives no marks).
     mark: Option<ReadMark>,
+    /// Where the checkpoint this engine knows whole is (the one it loaded or saved last): its
+    /// next save goes beside it.
+    head: Option<Parts>,
     /// Changes made while a read-back is under way: applied again to what it read when it
     /// builds the view anew, which may end before them (applying a change twice changes
     /// nothing). A read-back that folds into the view in place has them already.
@@ -335,6 +338,7 @@ impl Parking {
         }
         self.replace(&mut state, keys);
         state.mark = caught_up.mark;
+        state.head = caught_up.head;
     }
 
     /// Folds what the destination holds past `mark` into the view, and saves a checkpoint of
@@ -349,9 +353,12 @@ impl Parking {
         let read = tail.records.len();
         let (forgotten, snapshot) = self.fold_past(tail, delivered_no_more, read >= self.checkpoint_after);
         let mut saved = false;
-        if let Some((mark, keys)) = snapshot {
-            match save_checkpoint(&self.group, sink, &mark, &keys).await {
-                Ok(_) => saved = true,
+        if let Some((mark, keys, known)) = snapshot {
+            match save_checkpoint(&self.group, sink, &mark, &keys, known).await {
+                Ok(parts) => {
+                    saved = true;
+                    self.state().head = Some(parts);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, read, "cannot save the parked keys' checkpoint: a member that starts reads this far back again")
                 }
@@ -368,19 +375,21 @@ impl Parking {
 
     /// Folds `tail` into the view (anew if the destination restarted), forgets what is never
     /// delivered again, and moves the mark. Returns how many ids it forgot and, when `save`,
-    /// what to save: a copy of the view (a pointer per key: lanes go on meanwhile) and its mark.
+    /// what to save: a copy of the view (a pointer per key: lanes go on meanwhile), its mark,
+    /// and the checkpoint known whole to save beside.
     fn fold_past(
         &self,
         tail: ReadBack,
         delivered_no_more: &(dyn Fn(&Position) -> bool + Sync),
         save: bool,
-    ) -> (usize, Option<(ReadMark, ParkedKeys)>) {
+    ) -> (usize, Option<(ReadMark, ParkedKeys, Option<Parts>)>) {
         let mut state = self.state();
         let journal = state.journal.take().unwrap_or_default();
         if tail.restarted {
             tracing::warn!("the dead-letter destination was deleted and created again since this engine read it: reading its parked keys from its start");
             let mut keys = ParkedKeys::default();
             keys.fold_tail(&self.group, &tail.records);
+            state.head = None;
             for (key, change) in journal {
                 keys.apply(key, change);
             }
@@ -395,7 +404,7 @@ impl Parking {
             .mark
             .clone()
             .filter(|_| save)
-            .map(|mark| (mark, state.keys.clone()));
+            .map(|mark| (mark, state.keys.clone(), state.head));
         (forgotten, snapshot)
     }
 

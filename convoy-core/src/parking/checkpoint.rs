@@ -64,7 +64,7 @@ const TORN_PAUSE: Duration = Duration::from_millis(100);
 /// Where a checkpoint's data parts are: what a head names, for the checkpoint and the one
 /// before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Parts {
+pub(crate) struct Parts {
     /// The checksum of the whole deflated checkpoint.
     sum: u64,
     /// How many data parts (at least one).
@@ -95,14 +95,15 @@ impl Checkpoint {
     const VERSION: u32 = 3;
 
     /// Saves `group`'s parked keys as folded up to `mark`, in as many data parts as it takes,
-    /// beside `replaced` (the head the read-back loaded). Returns how many.
+    /// beside `replaced` (a checkpoint known whole: the one the read-back loaded, or the one
+    /// this engine saved last). Returns where its parts are.
     pub(super) async fn save(
         sink: &dyn DeadLetterSink,
         group: &str,
         mark: &ReadMark,
         keys: &ParkedKeys,
         replaced: Option<Parts>,
-    ) -> Result<u32, TransportError> {
+    ) -> Result<Parts, TransportError> {
         let deflated = Checkpoint::encode(group, mark, keys);
         save_parts(sink, group, &deflated, CHECKPOINT_PART_BYTES, replaced).await
     }
@@ -203,25 +204,15 @@ pub(super) async fn load_deflated(
     Ok(None)
 }
 
-/// Where the data parts of `group`'s latest checkpoint are, as its head names them (whole or
-/// torn): the slot the next save leaves alone.
-pub(super) async fn latest_head(
-    sink: &dyn DeadLetterSink,
-    group: &str,
-) -> Result<Option<Parts>, TransportError> {
-    let head = sink.load_checkpoint(group, 0).await?;
-    Ok(head.as_deref().and_then(read_head).and_then(|(latest, _)| latest))
-}
-
 /// Saves `deflated` in data parts of at most `part_bytes` in the slot `replaced` does not use,
-/// then the head naming them and `replaced`. Returns how many data parts.
+/// then the head naming them and `replaced`. Returns where they are.
 async fn save_parts(
     sink: &dyn DeadLetterSink,
     group: &str,
     deflated: &[u8],
     part_bytes: usize,
     replaced: Option<Parts>,
-) -> Result<u32, TransportError> {
+) -> Result<Parts, TransportError> {
     let mut bodies: Vec<&[u8]> = deflated.chunks(part_bytes.max(1)).collect();
     if bodies.is_empty() {
         bodies.push(&[]);
@@ -242,7 +233,7 @@ async fn save_parts(
     }
     sink.save_checkpoint(group, 0, write_head(parts, replaced))
         .await?;
-    Ok(parts.count)
+    Ok(parts)
 }
 
 /// The whole deflated checkpoint `parts` names, or `None` if it is torn (a part missing, or of
@@ -376,7 +367,10 @@ mod tests {
     async fn a_checkpoint_is_saved_in_parts_the_head_last_each_save_in_the_other_slot() {
         let store = Store::default();
         let first = noise(4_500, 1);
-        assert_eq!(save_parts(&store, "g", &first, 1000, None).await.unwrap(), 5);
+        assert_eq!(
+            save_parts(&store, "g", &first, 1000, None).await.unwrap().count,
+            5
+        );
         assert_eq!(
             *store.saves.lock().unwrap(),
             [1, 3, 5, 7, 9, 0],
@@ -385,7 +379,13 @@ mod tests {
         assert_eq!(load(&store).await, [Some(first.clone()), None]);
         let second = noise(1_500, 2);
         let replaced = head(&store).0;
-        assert_eq!(save_parts(&store, "g", &second, 1000, replaced).await.unwrap(), 2);
+        assert_eq!(
+            save_parts(&store, "g", &second, 1000, replaced)
+                .await
+                .unwrap()
+                .count,
+            2
+        );
         assert_eq!(store.saves.lock().unwrap()[6..], [2, 4, 0], "slot 1");
         assert_eq!(
             load(&store).await,
@@ -394,7 +394,13 @@ mod tests {
         );
         let empty = Vec::new();
         let replaced = head(&store).0;
-        assert_eq!(save_parts(&store, "g", &empty, 1000, replaced).await.unwrap(), 1);
+        assert_eq!(
+            save_parts(&store, "g", &empty, 1000, replaced)
+                .await
+                .unwrap()
+                .count,
+            1
+        );
         assert_eq!(load(&store).await[0], Some(empty));
     }
 

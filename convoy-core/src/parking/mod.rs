@@ -62,6 +62,7 @@ mod checkpoint;
 mod unpark;
 
 use checkpoint::Checkpoint;
+pub(crate) use checkpoint::Parts;
 pub use checkpoint::CHECKPOINT_PART_BYTES;
 
 pub use crate::header_names::{DL_OF, DL_PARKS, DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_OF_PART, REPLAY_PART};
@@ -662,9 +663,13 @@ impl ParkedKeys {
         let forgotten = keys.forget_committed(delivered_no_more);
         let read = tail.records.len();
         let mut saved = false;
+        let mut head = loaded.head;
         if let Some(mark) = tail.mark.as_ref().filter(|_| read >= checkpoint_after) {
             match Checkpoint::save(sink, group, mark, &keys, loaded.head).await {
-                Ok(_) => saved = true,
+                Ok(parts) => {
+                    saved = true;
+                    head = Some(parts);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, read, "cannot save the parked keys' checkpoint: the next read-back reads this far back again")
                 }
@@ -673,6 +678,7 @@ impl ParkedKeys {
         Ok(CaughtUp {
             keys,
             mark: tail.mark,
+            head,
             read,
             from_checkpoint,
             saved,
@@ -761,15 +767,17 @@ pub async fn checkpoint_bytes(group: &str, sink: &dyn DeadLetterSink) -> Result<
 }
 
 /// Saves `keys`, folded up to `mark` of `sink`'s destination, as `group`'s checkpoint, beside
-/// the one saved last (read now: other members save too). Returns how many data parts.
+/// `known`: a checkpoint known whole (the one loaded, or the one saved last) — never beside the
+/// latest head, which two members saving at once may have torn: the next save would then
+/// overwrite the only whole checkpoint. Returns where its parts are (whole once it returns).
 pub(crate) async fn save_checkpoint(
     group: &str,
     sink: &dyn DeadLetterSink,
     mark: &ReadMark,
     keys: &ParkedKeys,
-) -> Result<u32, TransportError> {
-    let replaced = checkpoint::latest_head(sink, group).await?;
-    Checkpoint::save(sink, group, mark, keys, replaced).await
+    known: Option<Parts>,
+) -> Result<Parts, TransportError> {
+    Checkpoint::save(sink, group, mark, keys, known).await
 }
 
 /// Records a read-back reads past its checkpoint before it saves a new one, by default
@@ -785,6 +793,8 @@ pub struct CaughtUp {
     pub keys: ParkedKeys,
     /// Where the destination was read up to (`None` when it cannot be read from a mark).
     pub mark: Option<ReadMark>,
+    /// Where the checkpoint known whole is: the one saved now, else the one loaded.
+    pub(crate) head: Option<Parts>,
     /// Records read past the checkpoint.
     pub read: usize,
     /// A checkpoint was read first.
