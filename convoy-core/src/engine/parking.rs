@@ -331,12 +331,8 @@ impl Parking {
             forgotten = caught_up.forgotten,
             "dead-letter destination read back"
         );
-        let mut keys = caught_up.keys;
         let mut state = self.state();
-        for (key, change) in state.journal.take().unwrap_or_default() {
-            keys.apply(key, change);
-        }
-        self.replace(&mut state, keys);
+        self.replace(&mut state, caught_up.keys);
         state.mark = caught_up.mark;
         state.head = caught_up.head;
     }
@@ -384,17 +380,15 @@ impl Parking {
         save: bool,
     ) -> (usize, Option<(ReadMark, ParkedKeys, Option<Parts>)>) {
         let mut state = self.state();
-        let journal = state.journal.take().unwrap_or_default();
         if tail.restarted {
             tracing::warn!("the dead-letter destination was deleted and created again since this engine read it: reading its parked keys from its start");
             let mut keys = ParkedKeys::default();
             keys.fold_tail(&self.group, &tail.records);
             state.head = None;
-            for (key, change) in journal {
-                keys.apply(key, change);
-            }
             self.replace(&mut state, keys);
         } else {
+            // The view has the journal's changes already.
+            state.journal = None;
             state.keys.fold_tail(&self.group, &tail.records);
             self.count(state.keys.len());
         }
@@ -408,8 +402,11 @@ impl Parking {
         (forgotten, snapshot)
     }
 
-    /// Replaces the view with `keys` (built anew).
-    fn replace(&self, state: &mut State, keys: ParkedKeys) {
+    /// Replaces the view with `keys` (built anew), the journal's changes applied again.
+    fn replace(&self, state: &mut State, mut keys: ParkedKeys) {
+        for (key, change) in state.journal.take().unwrap_or_default() {
+            keys.apply(key, change);
+        }
         if keys.len() != state.keys.len() {
             tracing::info!(
                 parked = keys.len(),
