@@ -86,6 +86,10 @@ pub struct Plan {
     /// Offsets count deliveries and name no position (an AMQP channel's): no event id derives
     /// from them.
     pub delivery_offsets: bool,
+    /// Every this many messages a partition's next offset is skipped (`None`: offsets follow
+    /// one another): a Kafka transaction's marker, or NATS, whose partitions share one stream's
+    /// sequence — nothing may assume the offset after a message is the next one's.
+    pub offset_gap_every: Option<u64>,
     pub transaction_bytes: usize,
     pub bytes_high: usize,
     pub stuck_timeout: Option<Duration>,
@@ -172,6 +176,7 @@ impl Plan {
             operator_pause,
             ..rates
         };
+        let offset_gap_every = apart.bool().then(|| apart.u64(1..=4));
         Plan {
             seed,
             members,
@@ -185,6 +190,7 @@ impl Plan {
             park_checkpoint_after,
             transform,
             delivery_offsets: rng.f64() < 0.2,
+            offset_gap_every,
             transaction_bytes: rng.usize(100..=2000),
             bytes_high: rng.usize(2000..=20_000),
             stuck_timeout: rng.bool().then(|| Duration::from_millis(rng.u64(300..=3000))),
@@ -216,7 +222,7 @@ impl fmt::Display for Plan {
             .collect();
         write!(
             f,
-            "seed {}: {} members (≤ {}), topics {}, {} keys, {} messages, {} steps, park_keys {} (checkpoint after {}), transform {}, delivery offsets {}, stuck {:?}, keyless {:?}, drain {:?}, rebalance {:?}, session {:?}, bounds {}/{}",
+            "seed {}: {} members (≤ {}), topics {}, {} keys, {} messages, {} steps, park_keys {} (checkpoint after {}), transform {}, delivery offsets {}, offset gap every {:?}, stuck {:?}, keyless {:?}, drain {:?}, rebalance {:?}, session {:?}, bounds {}/{}",
             self.seed,
             self.members,
             self.max_members,
@@ -228,6 +234,7 @@ impl fmt::Display for Plan {
             self.park_checkpoint_after,
             self.transform,
             self.delivery_offsets,
+            self.offset_gap_every,
             self.stuck_timeout,
             self.keyless,
             self.drain,

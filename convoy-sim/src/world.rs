@@ -72,6 +72,7 @@ impl World {
             f.rebalance_timeout = plan.rebalance_timeout;
             f.session_timeout = plan.session_timeout;
             f.max_batch = 4;
+            f.offset_gap_every = plan.offset_gap_every;
             // Kafka aborts a transaction that outlives its timeout: here, one much larger than
             // the outbox's bound (a backlog committed whole).
             f.max_transaction_bytes = Some(plan.transaction_bytes.max(200) * 4);

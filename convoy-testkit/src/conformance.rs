@@ -23,8 +23,8 @@ use convoy_core::{
 
 use crate::checker::{CheckReport, OrderChecker};
 pub use crate::parking::{
-    checkpoint_parts_are_kept_apart_at_full_size, parked_key_waits_for_its_replay,
-    parked_keys_read_back_from_a_checkpoint,
+    a_replay_of_one_message_ends_on_a_quiet_source, checkpoint_parts_are_kept_apart_at_full_size,
+    parked_key_waits_for_its_replay, parked_keys_read_back_from_a_checkpoint,
 };
 use crate::probe::{
     self, decode_seq, probe_key, BatchLog, BatchProbe, FaultPlan, Latency, ProbeHandler, RecordingSink,
@@ -145,6 +145,7 @@ macro_rules! conformance_tests {
             poison_input_dead_letters_with_reasons,
             newest_offsets_cover_what_was_received,
             parked_key_waits_for_its_replay,
+            a_replay_of_one_message_ends_on_a_quiet_source,
             parked_keys_read_back_from_a_checkpoint,
             checkpoint_parts_are_kept_apart_at_full_size,
             transform_outputs_follow_their_inputs,

@@ -175,6 +175,92 @@ pub async fn parked_key_waits_for_its_replay(target: &dyn ConformanceTarget) {
     );
 }
 
+/// A replay of one message ends though its partition is quiet and the message's offset does
+/// not follow the last one's (NATS: the partitions share one stream's sequence; Kafka: a
+/// transaction's marker; the memory broker: offset gaps): the replay's end waits for the commit
+/// below its last message, and no new commit comes when nothing else is finished. Key `p`'s
+/// only message fails; other keys are published until one lands on another source, so that
+/// the replay's copy comes after a hole in `p`'s source where sources share a sequence.
+pub async fn a_replay_of_one_message_ends_on_a_quiet_source(target: &dyn ConformanceTarget) {
+    let bed = conformance::bed(target, 2).await;
+    let publisher = bed.publisher();
+    let parked = probe_key("p", 0);
+    let ledger = Arc::new(Ledger {
+        handled: Mutex::default(),
+        broken: AtomicBool::new(true),
+        poison: (parked.clone(), 0),
+    });
+    let first = match publisher.publish(OutgoingMessage::new(parked.clone(), "0")).await {
+        Ok(receipt) => receipt,
+        Err(e) => panic!("publishing failed: {e}"),
+    };
+    // The last receipt of each source: what its commit must reach before the replay.
+    let mut last: HashMap<SourceId, u64> = HashMap::from([(first.source.clone(), first.offset)]);
+    let mut others = Vec::new();
+    for i in 0..64 {
+        let key = probe_key("q", i);
+        let receipt = match publisher.publish(OutgoingMessage::new(key.clone(), "0")).await {
+            Ok(receipt) => receipt,
+            Err(e) => panic!("publishing failed: {e}"),
+        };
+        others.push(key);
+        last.insert(receipt.source.clone(), receipt.offset);
+        if receipt.source != first.source {
+            break;
+        }
+    }
+    let engine = start(bed.as_ref(), &ledger, conformance::subscribe(bed.as_ref()).await);
+    until("p dead-lettered and every other key handled", || {
+        engine.stats().dead_lettered == 1 && others.iter().all(|key| ledger.of(key) == [0])
+    })
+    .await;
+    assert!(
+        parked_keys(bed.as_ref()).await.get(&parked).is_some(),
+        "p is parked"
+    );
+    // Quiet: everything committed before the replay's copy arrives (where commits are log
+    // positions), so the only commit that could cover the copy would have to start after it.
+    if target.capabilities().positions == conformance::Positions::Log {
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        loop {
+            let committed = bed.committed().await.unwrap_or_default();
+            if last
+                .iter()
+                .all(|(source, offset)| committed.get(source).is_some_and(|c| c >= offset))
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not within {LIMIT:?}: everything published committed ({committed:?}, last {last:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    ledger.broken.store(false, Ordering::SeqCst);
+    let publisher_for = |_: &str| Ok::<_, TransportError>(publisher.clone());
+    if let Err(e) = replay_key(bed.group(), &parked, &*bed.dead_letter_sink(), &publisher_for).await {
+        panic!("the replay failed: {e}");
+    }
+    until("p's replay handled", || ledger.of(&parked) == [0]).await;
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while !parked_keys(bed.as_ref()).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "p's only message was replayed and handled, but its replay never ended: the key stays parked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Unparked in the engine's view too: p's next message is handled, not set aside.
+    if let Err(e) = publisher.publish(OutgoingMessage::new(parked.clone(), "1")).await {
+        panic!("publishing failed: {e}");
+    }
+    until("p's next message handled", || ledger.of(&parked) == [0, 1]).await;
+    assert_eq!(engine.stats().parked, 0, "nothing was set aside");
+    conformance::stop(engine).await;
+}
+
 /// A dead letter of `key` for `group` that parks its key (`failed`), or a message set aside
 /// behind it, known by `id`.
 pub(crate) fn parking_record(group: &str, key: &str, id: &str, failed: bool) -> DeadLetter {

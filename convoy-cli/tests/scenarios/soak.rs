@@ -379,6 +379,54 @@ impl Run {
         keys
     }
 
+    /// What the dead-letter topic holds of `keys` and what it says of their parking: what a
+    /// failure of the end's replays is read from.
+    fn describe(&self, keys: &[String]) -> String {
+        use convoy::parking::{DL_PARK_ID, REPLAY, REPLAY_OF, REPLAY_OF_PART, REPLAY_PART};
+        let read = async {
+            let connection = convoy::connect(&self.url).await?;
+            let records = connection.dead_letter_sink()?.read_back().await?;
+            Ok::<_, Box<dyn std::error::Error>>((connection.endpoint().group.clone(), records))
+        };
+        let (group, records) = match self.runtime.block_on(read) {
+            Ok(read) => read,
+            Err(e) => return format!("(the dead-letter topic could not be read: {e})"),
+        };
+        let parked = convoy::parking::ParkedKeys::read(&group, &records);
+        let mut out = String::new();
+        for key in keys {
+            let parking = parked.get(key.as_bytes());
+            let replaying = parking.and_then(|p| p.replaying());
+            out += &format!(
+                "\n{key}: pending {:?}, replaying {:?} (topics {:?}, done {:?}), last replay {:?}\n",
+                parking.map(|p| p.pending()),
+                replaying.map(|r| (&r.id, r.count)),
+                replaying.map(|r| r.topics.len()),
+                replaying.map(|r| &r.done),
+                parking.and_then(|p| p.last_replay()),
+            );
+            let header = |r: &convoy::Message, name: &str| r.headers.get_str(name).unwrap_or("-").to_owned();
+            for r in records
+                .iter()
+                .filter(|r| r.key.as_deref() == Some(key.as_bytes()))
+            {
+                let mut of = header(r, REPLAY_OF);
+                of.truncate(60);
+                out += &format!(
+                    "  @{} {} id={} replay={} part={} of_part={} of={of} seq={:?}\n",
+                    r.offset,
+                    header(r, convoy::dead_letter::DL_CAUSE),
+                    header(r, DL_PARK_ID),
+                    header(r, REPLAY),
+                    header(r, REPLAY_PART),
+                    header(r, REPLAY_OF_PART),
+                    decode_seq(&r.payload),
+                );
+            }
+        }
+        out
+    }
+
     /// `convoy dlq replay --key …` of `keys` (each parked, no replay under way); returns how
     /// many it replayed.
     fn replay(&self, keys: &[String]) -> usize {
@@ -582,7 +630,8 @@ pub async fn soak(
                 }
                 assert!(
                     began.elapsed() < STALL_LIMIT,
-                    "every message was handled but keys stay parked: {parked:?}"
+                    "every message was handled but keys stay parked: {parked:?}{}",
+                    run.describe(&parked)
                 );
                 std::thread::sleep(REPLAY_EVERY);
                 replay();

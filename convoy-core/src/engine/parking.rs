@@ -36,6 +36,9 @@ pub(crate) struct Parking {
     reading: tokio::sync::Mutex<()>,
     /// How many keys are parked: while none is, lanes skip the lock (the common case).
     parked: AtomicUsize,
+    /// Lanes waiting in [`wait_committed_below`](Self::wait_committed_below): while one does,
+    /// the intake tells what its commits cover even when nothing new is committed.
+    waiting: AtomicUsize,
     /// Records this engine wrote since its last read-back: at `checkpoint_after` it reads
     /// back again (and so saves a checkpoint), which keeps the next assignment's read short
     /// even when no rebalance comes for a long time.
@@ -102,6 +105,7 @@ impl Parking {
             written: AtomicUsize::new(0),
             checkpoint_after,
             parked: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
             keys,
         }
     }
@@ -201,6 +205,12 @@ impl Parking {
     /// delivered again to find the key parked (and be set aside behind the message they
     /// precede). Returns at once when the source is no longer assigned here (a revoke's final
     /// commit covers them), or once `fenced` says the source's lease ran out.
+    ///
+    /// Offsets need not follow one another (NATS partitions share a stream's sequence, Kafka's
+    /// transaction markers take offsets): when the last commit covers everything received
+    /// before `message` but ends below its offset, no later commit may come — nothing new is
+    /// finished — so the intake says how far it covers while a lane waits here
+    /// ([`waiting`](Self::waiting)).
     pub async fn wait_committed_below(&self, message: &Message, fenced: impl Fn() -> bool) {
         let done = |marks: &HashMap<SourceId, Marks>| {
             marks.get(&message.source).is_none_or(|m| {
@@ -208,9 +218,19 @@ impl Parking {
                     || m.committed_below >= message.offset
             })
         };
+        if done(&self.marks()) {
+            return;
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waited = Waited(&self.waiting);
         while !done(&self.marks()) && !fenced() {
             tokio::time::sleep(COMMIT_POLL).await;
         }
+    }
+
+    /// True while a lane waits for a commit below its message.
+    pub fn waiting(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
     }
 
     /// The replay `message` ends a part of — the replay's tag and the part's topic — if it is
@@ -415,6 +435,16 @@ impl Parking {
         }
         state.keys = keys;
         self.count(state.keys.len());
+    }
+}
+
+/// Counts a lane out of [`Parking::wait_committed_below`] however its wait ends (a cancelled
+/// lane's future is dropped mid-wait).
+struct Waited<'a>(&'a AtomicUsize);
+
+impl Drop for Waited<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

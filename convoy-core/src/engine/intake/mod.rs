@@ -20,7 +20,8 @@
 //! - [`commit`]: the commit in flight and when to start the next;
 //! - [`revoke`]: revokes, lost sources and their deadlines;
 //! - [`stop`]: the shutdown (drain, cancel, final commit), and stopping on a failure;
-//! - [`tick`]: the stuck-gap check, gauges, and what has waited past its deadline;
+//! - [`tick`]: the stuck-gap check, gauges, how far commits cover for a lane waiting on one,
+//!   and what has waited past its deadline;
 //! - [`pause`]: an operator's pause of a key or a source.
 
 mod commit;

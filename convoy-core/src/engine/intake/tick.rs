@@ -1,5 +1,6 @@
-//! The periodic turn: the stuck-gap check and the gauges (active lanes, per-source watermark
-//! and lag — asked of the transport, so lag shows while fetching is paused).
+//! The periodic turn: the stuck-gap check, how far commits cover for a lane waiting on one, and
+//! the gauges (active lanes, per-source watermark and lag — asked of the transport, so lag
+//! shows while fetching is paused).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,6 +17,7 @@ use crate::metrics::IntakeMetrics;
 impl Intake {
     pub(super) fn on_tick(&mut self) {
         self.check_stuck();
+        self.report_covered();
         self.report_gauges();
         self.report_stall();
         if self.stopping.is_none() {
@@ -26,6 +28,27 @@ impl Intake {
             // releases a source's outputs with its ownership): look at the bytes gate again.
             self.publish_held();
             self.apply_flow();
+        }
+    }
+
+    /// While a lane waits for a commit below its message (a replay's end, a parking dead
+    /// letter), tells the parked keys' view how far each source's commit covers when no
+    /// commit is coming: the last one committed the watermark as it is now, so every message
+    /// received below the lowest unfinished one is committed — though that message's offset
+    /// may lie past the commit's (offsets with holes), which only a commit started after its
+    /// arrival would have said, and none starts while nothing new is finished.
+    fn report_covered(&mut self) {
+        let Some((parking, _)) = self.parking.as_ref().filter(|(p, _)| p.waiting()) else {
+            return;
+        };
+        for state in self.sources.iter().flatten() {
+            let next = state.tracker.next();
+            if next.is_none() || state.committed != next {
+                continue;
+            }
+            if let Some((_, offset)) = state.tracker.lowest_unfinished() {
+                parking.committed_below(&state.id, offset);
+            }
         }
     }
 
