@@ -63,6 +63,11 @@ const FOUND: &[(u64, &str, &str)] = &[
         "10-commit-of-earlier-assignment-lands",
         "exactly once: the input at t0/2@2 has 2 committed outputs",
     ),
+    (
+        2,
+        "12-replay-end-waits-for-a-commit-over-a-hole",
+        "liveness: the world healed but not everything was committed within 300 s",
+    ),
 ];
 
 #[test]
