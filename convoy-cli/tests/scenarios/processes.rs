@@ -31,8 +31,16 @@ impl Member {
             .unwrap();
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let stderr = log.with_extension(format!("member-{n}.err"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_convoy"));
+        // A heap profile of the first member (a soak's witness): heaptrack's raw trace, read
+        // with `heaptrack_interpret < member-0.raw | gzip > member-0.gz; heaptrack_print`.
+        if let Some(dir) = std::env::var_os("CONVOY_HEAPTRACK_DIR").filter(|_| n == 0) {
+            command
+                .env("LD_PRELOAD", "/usr/lib/heaptrack/libheaptrack_preload.so")
+                .env("DUMP_HEAPTRACK_OUTPUT", PathBuf::from(dir).join("member-0.raw"));
+        }
         Member(
-            Command::new(env!("CARGO_BIN_EXE_convoy"))
+            command
                 .args(["--url", url, "consume", "--create", "--commit-interval-ms", "100"])
                 .args(extra)
                 .stdout(Stdio::from(out))
