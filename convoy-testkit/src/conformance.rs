@@ -261,7 +261,7 @@ async fn remaining(bed: &dyn TestBed) -> u64 {
     }
 }
 
-async fn committed(bed: &dyn TestBed) -> BTreeMap<SourceId, Offset> {
+pub(crate) async fn committed(bed: &dyn TestBed) -> BTreeMap<SourceId, Offset> {
     match bed.committed().await {
         Ok(c) => c,
         Err(e) => panic!("reading committed positions failed: {e}"),

@@ -62,8 +62,13 @@ async fn publish(publisher: &dyn Publisher, key: &Bytes, seqs: std::ops::Range<u
 
 /// Waits until `done` holds, failing with `what` after [`LIMIT`].
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    until_read(what, || std::future::ready(done())).await;
+}
+
+/// [`until`], for a condition that reads the broker.
+async fn until_read<F: std::future::Future<Output = bool>>(what: &str, mut done: impl FnMut() -> F) {
     let deadline = tokio::time::Instant::now() + LIMIT;
-    while !done() {
+    while !done().await {
         assert!(
             tokio::time::Instant::now() < deadline,
             "not within {LIMIT:?}: {what}"
@@ -221,21 +226,12 @@ pub async fn a_replay_of_one_message_ends_on_a_quiet_source(target: &dyn Conform
     // Quiet: everything committed before the replay's copy arrives (where commits are log
     // positions), so the only commit that could cover the copy would have to start after it.
     if target.capabilities().positions == conformance::Positions::Log {
-        let deadline = tokio::time::Instant::now() + LIMIT;
-        loop {
-            let committed = bed.committed().await.unwrap_or_default();
-            if last
-                .iter()
+        until_read("everything published committed", || async {
+            let committed = conformance::committed(bed.as_ref()).await;
+            last.iter()
                 .all(|(source, offset)| committed.get(source).is_some_and(|c| c >= offset))
-            {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not within {LIMIT:?}: everything published committed ({committed:?}, last {last:?})"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
     }
 
     ledger.broken.store(false, Ordering::SeqCst);
@@ -244,14 +240,11 @@ pub async fn a_replay_of_one_message_ends_on_a_quiet_source(target: &dyn Conform
         panic!("the replay failed: {e}");
     }
     until("p's replay handled", || ledger.of(&parked) == [0]).await;
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    while !parked_keys(bed.as_ref()).await.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "p's only message was replayed and handled, but its replay never ended: the key stays parked"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_read(
+        "p's only message was replayed and handled, but its replay never ended: the key stays parked",
+        || async { parked_keys(bed.as_ref()).await.is_empty() },
+    )
+    .await;
     // Unparked in the engine's view too: p's next message is handled, not set aside.
     if let Err(e) = publisher.publish(OutgoingMessage::new(parked.clone(), "1")).await {
         panic!("publishing failed: {e}");
